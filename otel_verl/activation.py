@@ -1,0 +1,159 @@
+"""Switching tracing on in every process of a verl job, without editing verl.
+
+A verl job runs in many processes: the Hydra driver, the TaskRunner actor hosting the
+trainer, AgentLoopWorker actors, LLM server actors, reward workers, GPU worker groups.
+Each must install the wrappers itself. Four ways in, from most to least explicit:
+
+1. Ray's ``worker_process_setup_hook`` (a *string* module path, so it is not pickled)
+   plus forwarding of ``VERL_TRACE_DIR``, ``OTEL_*`` and ``OTEL_VERL_*`` to every worker.
+   On ``python -m verl.trainer.main_ppo`` these are Hydra overrides
+   (:func:`hydra_overrides`), which verl merges into ``ray.init``.
+2. ``otel-verl run -- <command>``: puts :mod:`otel_verl._sitecustomize` on
+   ``PYTHONPATH``; the driver then patches ``ray.init`` to add (1) for the user.
+3. The ``opentelemetry_instrumentor`` entry point, for ``opentelemetry-instrument``.
+4. Self-activation: unpickling a :class:`otel_verl.carriers.TraceCarrier` in a process
+   where tracing is off turns it on with the settings the carrier brought along (verl
+   overrides per-actor runtime envs in places, which can drop the job's setup hook).
+
+Everything here is idempotent and never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Dict, List, Mapping, Optional
+
+from otel_verl import health, settings
+
+logger = logging.getLogger("otel_verl")
+
+SETUP_HOOK = "otel_verl.activation.worker_setup"
+
+_lock = threading.Lock()
+_activated_pid: Optional[int] = None
+setup_hook_calls = 0  # how often the hook ran in this process (tests, doctor)
+
+
+def worker_setup() -> None:
+    """Ray ``worker_process_setup_hook``: runs once in each worker process."""
+    global setup_hook_calls
+    setup_hook_calls += 1
+    activate()
+
+
+def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
+    """Install the verl wrappers in this process when tracing is switched on.
+
+    ``env_defaults`` fills variables this process lacks (self-activation from a
+    carrier). The tracer provider itself is built lazily by the first wrapper that
+    fires, which knows the process's role. Returns whether tracing is on.
+    """
+    global _activated_pid
+    try:
+        with _lock:
+            if _activated_pid == os.getpid():
+                return True
+            if env_defaults:
+                for key, value in env_defaults.items():
+                    os.environ.setdefault(key, value)
+            if not settings.load().enabled:
+                return False
+            _activated_pid = os.getpid()
+        from otel_verl.instrumentation import VerlInstrumentor
+
+        instrumentor = VerlInstrumentor()
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
+        return True
+    except settings.ConfigError as exc:
+        logger.error("otel_verl: tracing stays off: %s", exc)
+        return False
+    except Exception as exc:
+        health.record_failure("activation.activate", exc)
+        return False
+
+
+def activate_from_carrier(env: Mapping[str, str]) -> None:
+    """Self-activation (see module docs); a no-op where tracing already runs."""
+    if _activated_pid != os.getpid():
+        activate(env)
+
+
+def is_active() -> bool:
+    return _activated_pid == os.getpid()
+
+
+# --------------------------------------------------------------------------- Ray runtime env
+
+
+def runtime_env(base: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """``base`` (a Ray runtime_env) plus otel_verl's setup hook and forwarded variables.
+
+    A setup hook the user set already is kept (theirs wins; then only the self-
+    activation path turns tracing on in workers) and reported once.
+    """
+    out: Dict[str, Any] = dict(base or {})
+    hook = out.get("worker_process_setup_hook")
+    if hook is None:
+        out["worker_process_setup_hook"] = SETUP_HOOK
+    elif hook != SETUP_HOOK:
+        logger.warning("otel_verl: runtime_env already has worker_process_setup_hook=%r; "
+                       "otel_verl relies on self-activation in workers", hook)
+    env_vars = dict(settings.forwarded_env(env))
+    env_vars.update(out.get("env_vars") or {})  # the user's explicit values win
+    out["env_vars"] = env_vars
+    return out
+
+
+def hydra_overrides(env: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Hydra overrides that switch tracing on in a ``verl.trainer.main_ppo`` run."""
+    prefix = "+ray_kwargs.ray_init.runtime_env"
+    out = [f"{prefix}.worker_process_setup_hook={SETUP_HOOK}"]
+    for key, value in sorted(settings.forwarded_env(env).items()):
+        out.append(f"{prefix}.env_vars.{key}={_hydra_quote(value)}")
+    return out
+
+
+def _hydra_quote(value: str) -> str:
+    if value and all(c.isalnum() or c in "/._-:" for c in value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def patch_ray_init() -> None:
+    """Make every later ``ray.init`` in this process carry :func:`runtime_env`."""
+    import wrapt
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            kwargs = dict(kwargs)
+            kwargs["runtime_env"] = runtime_env(kwargs.get("runtime_env"))
+        except Exception as exc:
+            health.record_failure("activation.ray_init", exc)
+        return wrapped(*args, **kwargs)
+
+    @wrapt.when_imported("ray")
+    def _patch(ray_module: Any) -> None:
+        if not getattr(ray_module.init, "_otel_verl_patched", False):
+            wrapt.wrap_function_wrapper(ray_module, "init", wrapper)
+            ray_module.init._otel_verl_patched = True
+
+
+def driver_activate() -> None:
+    """What ``otel-verl run`` does in the launched process (via sitecustomize)."""
+    try:
+        if not settings.load().enabled:
+            return
+        os.environ.setdefault(settings.RUN_ID, _new_run_id())
+        patch_ray_init()
+        activate()
+    except Exception as exc:
+        health.record_failure("activation.driver", exc)
+
+
+def _new_run_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex

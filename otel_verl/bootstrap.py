@@ -1,0 +1,302 @@
+"""Building the tracing pipeline of one process: :func:`configure`.
+
+``configure`` runs once per process (idempotent, fork-safe, never raises). It builds a
+TracerProvider whose spans feed, depending on the settings:
+
+- OTLP (gRPC or HTTP, per the standard ``OTEL_EXPORTER_OTLP_*`` variables) through a
+  BatchSpanProcessor, when an endpoint is set;
+- the legacy outputs (sample-flow CSV, progress log, trajectory JSONL) when a trace dir
+  is set; progress lines go to stdout whenever tracing is on;
+- the embedded default, ``{trace_dir}/otlp/*.jsonl`` in the Collector file exporter's
+  line format, when there is a trace dir and no endpoint.
+
+Sampling is per sample: the standard ``OTEL_TRACES_SAMPLER`` decides on the uid-derived
+trace id, but a sample it drops is still *recorded* so the legacy outputs stay complete;
+only OTLP exporters skip it. When another library already installed a global provider
+(sglang does in its server process) it is left in place: otel_verl keeps its own
+provider for its spans instead of fighting over the global one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from typing import Any, List, Optional
+
+from otel_verl import health, settings as settings_mod
+from otel_verl.semconv import INSTRUMENTATION_NAME, Role
+from otel_verl import semconv as sc
+
+logger = logging.getLogger("otel_verl")
+
+_lock = threading.RLock()
+_provider: Any = None
+_settings: Optional[settings_mod.Settings] = None
+_legacy: List[Any] = []  # legacy processors, flushed on shutdown
+_atexit_registered = False
+_sigterm_installed = False
+
+
+def configure(
+    trace_dir: Optional[str] = None,
+    *,
+    role: "Role | str | None" = None,
+    force: bool = False,
+) -> bool:
+    """Set up tracing in this process once. Returns whether tracing is on.
+
+    ``trace_dir`` given here wins over ``VERL_TRACE_DIR``; ``force`` traces even with no
+    trace dir and no endpoint (spans then reach only in-process processors).
+    """
+    global _provider, _settings
+    try:
+        with _lock:
+            if _provider is not None:
+                return True
+            cfg = settings_mod.load(trace_dir=trace_dir)
+            if force and cfg.forced is None:
+                cfg = settings_mod.Settings(**{**cfg.__dict__, "forced": True})
+            _settings = cfg
+            if not cfg.enabled:
+                return False
+            _provider = _build(cfg, _role_value(role))
+            _register_shutdown()
+            return True
+    except settings_mod.ConfigError as exc:
+        logger.error("otel_verl: tracing stays off: %s", exc)
+        return False
+    except Exception as exc:  # never let tracing set-up break the process
+        health.record_failure("bootstrap.configure", exc)
+        return False
+
+
+def ensure(role: "Role | str | None" = None) -> bool:
+    """Called by wrappers on first use: configures with the role the caller knows."""
+    if _provider is not None:
+        return True
+    return configure(role=role)
+
+
+def is_configured() -> bool:
+    return _provider is not None
+
+
+def current_settings() -> Optional[settings_mod.Settings]:
+    return _settings
+
+
+def provider() -> Any:
+    return _provider
+
+
+def _role_value(role: "Role | str | None") -> str:
+    if role is None:
+        role = os.environ.get(settings_mod.ROLE) or Role.WORKER
+    return role.value if isinstance(role, Role) else str(role)
+
+
+# --------------------------------------------------------------------------- pipeline
+
+
+def _build(cfg: settings_mod.Settings, role: str) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from otel_verl import events
+    from otel_verl.sampling import UidIdGenerator, record_dropped_samples
+    from otel_verl.version import __version__
+
+    id_generator = UidIdGenerator()
+    tracer_provider = TracerProvider(
+        resource=_resource(role),
+        sampler=record_dropped_samples(),
+        id_generator=id_generator,
+    )
+    for processor in _legacy_processors(cfg):
+        tracer_provider.add_span_processor(processor)
+        _legacy.append(processor)
+    if cfg.otlp_endpoint:
+        tracer_provider.add_span_processor(_counting(BatchSpanProcessor(_otlp_exporter()), "otlp"))
+    if cfg.write_otlp_files:
+        from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
+
+        exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
+        tracer_provider.add_span_processor(_counting(BatchSpanProcessor(exporter), "otlp_json_file"))
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(tracer_provider)
+    else:
+        logger.info("otel_verl: a global TracerProvider is already installed; otel_verl keeps its own")
+    tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, __version__)
+    events._install(events._Runtime(tracer, id_generator, cfg))
+    return tracer_provider
+
+
+def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:
+    from otel_verl.exporters.progress_log import ProgressLogProcessor
+
+    processors: List[Any] = [ProgressLogProcessor(cfg.trace_dir, max_pending_lines=cfg.writer_max_pending)]
+    if cfg.trace_dir:
+        from otel_verl.exporters.sample_csv import SampleCsvProcessor
+        from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+
+        processors.append(
+            SampleCsvProcessor(cfg.trace_dir, flow_stdout=cfg.flow_stdout, max_pending_rows=cfg.writer_max_pending)
+        )
+        processors.append(TrajectoryJsonlProcessor(cfg.trace_dir, max_file_bytes=cfg.jsonl_max_bytes))
+    return processors
+
+
+def _otlp_exporter() -> Any:
+    """The OTLP span exporter the standard variables ask for (the SDK reads endpoint,
+    headers, timeout, compression and certificates itself)."""
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+    ).strip()
+    if not protocol:
+        endpoint = os.environ.get(settings_mod.OTLP_TRACES_ENDPOINT) or os.environ.get(settings_mod.OTLP_ENDPOINT) or ""
+        # no protocol given: port 4318 or a /v1/traces path means OTLP/HTTP, else gRPC
+        protocol = "http/protobuf" if (":4318" in endpoint or "/v1/traces" in endpoint) else "grpc"
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    elif protocol in ("http/protobuf", "http/json"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    else:
+        raise settings_mod.ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: expected grpc or http/protobuf")
+    return OTLPSpanExporter()
+
+
+def _counting(processor: Any, output: str) -> Any:
+    from otel_verl.sampling import DropCountingProcessor
+
+    return DropCountingProcessor(processor, output)
+
+
+def _resource(role: str) -> Any:
+    from opentelemetry.sdk.resources import Resource
+
+    attrs = {
+        sc.RUN_ID: run_id(),
+        sc.ROLE: role,
+        sc.HOST_NAME: socket.gethostname(),
+        sc.PROCESS_PID: os.getpid(),
+        **_ray_ids(),
+    }
+    resource = Resource.create(attrs)
+    if str(resource.attributes.get(sc.SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({sc.SERVICE_NAME: "verl"}))
+    return resource
+
+
+def run_id() -> str:
+    """One id per training run, the same in every process: ``OTEL_VERL_RUN_ID`` (the
+    launcher and the setup hook forward it), else the Ray job id, else a new uuid."""
+    value = os.environ.get(settings_mod.RUN_ID)
+    if value:
+        return value
+    job = _ray_ids().get(sc.RAY_JOB_ID)
+    if job:
+        return f"ray-job-{job}"
+    value = uuid.uuid4().hex
+    os.environ[settings_mod.RUN_ID] = value  # children started from here share it
+    return value
+
+
+def _ray_ids() -> dict:
+    import sys
+
+    ray = sys.modules.get("ray")  # never import Ray just for this
+    if ray is None or not ray.is_initialized():
+        return {}
+    out = {}
+    try:
+        ctx = ray.get_runtime_context()
+        out[sc.RAY_JOB_ID] = ctx.get_job_id()
+        out[sc.RAY_NODE_ID] = ctx.get_node_id()
+        actor = ctx.get_actor_id()
+        if actor:
+            out[sc.RAY_ACTOR_ID] = actor
+    except Exception:
+        pass
+    return {k: v for k, v in out.items() if v}
+
+
+# --------------------------------------------------------------------------- shutdown
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export and write everything accepted so far."""
+    if _provider is None:
+        return True
+    try:
+        return bool(_provider.force_flush(int(timeout_s * 1000)))
+    except Exception as exc:
+        health.record_failure("bootstrap.flush", exc)
+        return False
+
+
+def shutdown() -> None:
+    """End open sample spans, flush every output, stop the exporters. Idempotent."""
+    global _provider
+    with _lock:
+        provider, _provider = _provider, None
+    if provider is None:
+        return
+    from otel_verl import events
+
+    try:
+        events.end_open_samples()
+        provider.shutdown()
+    except Exception as exc:
+        health.record_failure("bootstrap.shutdown", exc)
+    finally:
+        events._install(None)
+        _legacy.clear()
+        _report_losses()
+
+
+def _report_losses() -> None:
+    counts = health.snapshot()
+    if counts["dropped"] or counts["failures"]:
+        logger.warning("otel_verl: at shutdown: dropped=%s failures=%s", counts["dropped"], counts["failures"])
+
+
+def _register_shutdown() -> None:
+    global _atexit_registered, _sigterm_installed
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+        _atexit_registered = True
+    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _on_sigterm)
+                _sigterm_installed = True
+        except (ValueError, OSError):  # not the main interpreter thread / unsupported
+            pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Flush, then die of SIGTERM as the process would have without us."""
+    try:
+        shutdown()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _after_fork_in_child() -> None:
+    # The SDK's BatchSpanProcessor restarts its own thread in the child; our writers
+    # notice the new pid themselves. Samples opened by the parent are the parent's.
+    from otel_verl import events
+
+    if events._runtime is not None:
+        events._runtime.samples.drain()
+
+

@@ -1,0 +1,209 @@
+"""Carrying W3C trace context across Ray process boundaries inside verl's own data.
+
+verl's calls cannot take new keyword arguments (Ray checks remote-call kwargs against
+the method's signature on the caller side), so context rides inside data verl already
+passes: a ``non_tensor_batch`` column or ``meta_info`` entry of a DataProto, a field of
+a v1 TensorDict, or a reserved key of a dict argument. Every ``inject_*`` has a
+``pop_*`` twin that the receiving side calls *before* verl or user code sees the data,
+so no carrier leaks into reward DataProtos, TransferQueue or ``extra_fields``.
+
+A carrier value is a :class:`TraceCarrier`. Unpickling one in a process where tracing
+is not yet active activates it (see :mod:`otel_verl.activation`): a Ray worker whose
+runtime env lost the job's setup hook still starts tracing on the first traced data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
+META_KEY = "otel_traceparent"  # DataProto meta_info key (one carrier for the whole batch)
+DICT_KEY = "__otel_tp"  # reserved key inside an existing dict argument (e.g. sampling_params)
+
+_propagator = TraceContextTextMapPropagator()
+
+
+class TraceCarrier:
+    """W3C ``traceparent``/``tracestate`` of one span, picklable across Ray calls."""
+
+    __slots__ = ("headers", "activation", "row")
+
+    def __init__(
+        self,
+        headers: Dict[str, str],
+        activation: Optional[Mapping[str, str]] = None,
+        row: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        self.headers = headers
+        self.activation = activation
+        self.row = row  # per-row facts the receiver needs (traj_uid, worker index)
+
+    @classmethod
+    def from_span(cls, span: Any, row: Optional[Mapping[str, Any]] = None) -> "TraceCarrier":
+        return cls(headers_of(span), _activation_env(), row)
+
+    def with_row(self, row: Mapping[str, Any]) -> "TraceCarrier":
+        """The same context (shared headers object: pickled once) with per-row facts."""
+        return TraceCarrier(self.headers, self.activation, row)
+
+    def __reduce__(self):  # noqa: D105 - pickled by reference to _restore
+        return (_restore, (self.headers, self.activation, self.row))
+
+    def __repr__(self) -> str:
+        return f"TraceCarrier({self.headers.get('traceparent')})"
+
+    def __eq__(self, other: object) -> bool:  # numpy/DataProto concat compares columns
+        return isinstance(other, TraceCarrier) and other.headers == self.headers and other.row == self.row
+
+    def __hash__(self) -> int:
+        return hash(self.headers.get("traceparent"))
+
+
+def _restore(
+    headers: Dict[str, str], activation: Optional[Mapping[str, str]], row: Optional[Mapping[str, Any]] = None
+) -> TraceCarrier:
+    if activation is not None:
+        try:
+            from otel_verl import activation as _activation
+
+            _activation.activate_from_carrier(activation)
+        except Exception:  # never let unpickling fail because of tracing
+            pass
+    return TraceCarrier(headers, activation, row)
+
+
+_activation_cache: Optional[Dict[str, str]] = None
+
+
+def _activation_env() -> Optional[Dict[str, str]]:
+    """The settings a carrier takes along for self-activation (one shared dict object,
+    so a pickled batch stores it once)."""
+    global _activation_cache
+    if _activation_cache is None:
+        from otel_verl import settings
+
+        _activation_cache = settings.forwarded_env()
+    return _activation_cache
+
+
+def headers_of(span: Any) -> Dict[str, str]:
+    headers: Dict[str, str] = {}
+    _propagator.inject(headers, context=trace.set_span_in_context(span))
+    return headers
+
+
+def context_from(carrier: Any) -> Optional[otel_context.Context]:
+    """A parent context from a TraceCarrier, a header dict or a bare traceparent string;
+    ``None`` when it holds no valid context."""
+    if isinstance(carrier, TraceCarrier):
+        headers: Mapping[str, str] = carrier.headers
+    elif isinstance(carrier, Mapping):
+        headers = carrier
+    elif isinstance(carrier, str):
+        headers = {"traceparent": carrier}
+    else:
+        return None
+    ctx = _propagator.extract(headers)
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+# --------------------------------------------------------------------------- DataProto
+
+
+def inject_column(data: Any, values: Sequence[Any]) -> None:
+    """Per-row carriers as an object column of ``data.non_tensor_batch``."""
+    import numpy as np
+
+    column = np.empty(len(values), dtype=object)
+    column[:] = list(values)
+    data.non_tensor_batch[COLUMN] = column
+
+
+def pop_column(data: Any) -> Optional[Any]:
+    batch = getattr(data, "non_tensor_batch", None)
+    return batch.pop(COLUMN, None) if batch is not None else None
+
+
+def inject_meta(data: Any, carrier: TraceCarrier) -> None:
+    data.meta_info[META_KEY] = carrier
+
+
+def pop_meta(data: Any) -> Optional[TraceCarrier]:
+    meta = getattr(data, "meta_info", None)
+    return meta.pop(META_KEY, None) if meta is not None else None
+
+
+# --------------------------------------------------------------------------- TensorDict (v1)
+
+
+def inject_tensordict(td: Any, values: Sequence[Any]) -> None:
+    """Per-row carriers as a non-tensor field of a v1 TensorDict batch."""
+    from tensordict import NonTensorStack
+
+    td[COLUMN] = NonTensorStack(*values)
+
+
+def pop_tensordict(td: Any) -> Optional[List[Any]]:
+    try:
+        keys = td.keys()
+    except Exception:
+        return None
+    if COLUMN not in keys:
+        return None
+    value = td.get(COLUMN)
+    del td[COLUMN]
+    tolist = getattr(value, "tolist", None)
+    return tolist() if tolist is not None else [value]
+
+
+# --------------------------------------------------------------------------- dicts / kwargs
+
+
+def inject_dict(mapping: Mapping[str, Any], carrier: Any) -> Dict[str, Any]:
+    """A copy of ``mapping`` with the carrier under the reserved key (callers often reuse
+    the original dict across calls, so it is never modified)."""
+    out = dict(mapping)
+    out[DICT_KEY] = carrier
+    return out
+
+
+def pop_dict(mapping: MutableMapping[str, Any]) -> Optional[Any]:
+    return mapping.pop(DICT_KEY, None) if isinstance(mapping, MutableMapping) else None
+
+
+def pop_kwargs(kwargs: MutableMapping[str, Any]) -> Optional[Any]:
+    """Remove the per-row carrier verl turned into a keyword argument."""
+    return kwargs.pop(COLUMN, None)
+
+
+# --------------------------------------------------------------------------- request ids
+
+# Worker → LLM server: the server's generate() takes no **kwargs and both engines reject
+# unknown sampling parameters, so the turn's context rides as a suffix of the request id.
+# An instrumented server strips it before the engine sees the id; an uninstrumented one
+# just uses a longer (still unique) id.
+REQUEST_ID_TAG = ".otel."
+
+
+def tag_request_id(request_id: str, headers: Mapping[str, str]) -> str:
+    traceparent = headers.get("traceparent")
+    if not traceparent or REQUEST_ID_TAG in request_id:
+        return request_id
+    return f"{request_id}{REQUEST_ID_TAG}{traceparent}"
+
+
+def untag_request_id(request_id: Any) -> "tuple[Any, Optional[Dict[str, str]]]":
+    """``(original id, headers)``; headers is ``None`` for an untagged id."""
+    if not isinstance(request_id, str) or REQUEST_ID_TAG not in request_id:
+        return request_id, None
+    original, _, traceparent = request_id.rpartition(REQUEST_ID_TAG)
+    return original, {"traceparent": traceparent}
+
+
+# LLM server → worker: per-request engine timing, in the response's extra_fields under a
+# reserved key that the worker pops before verl copies extra_fields into its batch.
+SERVER_META_KEY = "__otel_llm"

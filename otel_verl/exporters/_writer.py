@@ -1,0 +1,198 @@
+"""Appending whole lines to files from a background thread, without blocking the caller.
+
+Every legacy output shares this writer. The caller (a span processor running on the
+training thread or the agent loop's event loop) hands over a *render* callable and the
+number of lines it stands for; formatting and file I/O happen on the writer thread.
+
+Guarantees:
+- ``submit`` never blocks and never raises. When more than ``max_pending_lines`` are
+  waiting, the new job is refused and its lines are counted as dropped.
+- Files only ever hold whole lines: each file's text is written with ``O_APPEND`` in as
+  few ``write`` calls as possible; a write that fails part-way (disk full, file-size
+  limit) is cut back to the last whole line when no other process appended meanwhile,
+  and the lines it carried are counted as dropped.
+- Several processes may append to one file (O_APPEND: the kernel places each write at
+  the current end); lines are never interleaved inside a ``write`` call.
+- ``flush()`` waits until everything accepted so far is written or counted.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import deque
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+from otel_verl import health
+
+Render = Callable[[], Iterable[Tuple[str, str]]]  # -> (path, text made of whole lines)
+
+_FILE_MODE = 0o644  # ordinary permissions: never world-writable
+
+
+class BackgroundWriter:
+    def __init__(self, output: str, max_pending_lines: int = 1 << 20) -> None:
+        self.output = output
+        self.max_pending_lines = max_pending_lines
+        self.written_lines = 0
+        self.dropped_lines = 0
+        self._jobs: Deque[Tuple[Render, int]] = deque()
+        self._pending_lines = 0
+        self._cond = threading.Condition()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closed = False
+        self._fds: Dict[str, int] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._pid = os.getpid()
+        self._dirs_made: set = set()
+
+    # ------------------------------------------------------------------ caller side
+
+    def submit(self, render: Render, n_lines: int) -> bool:
+        """Queue ``render`` (run later on the writer thread). ``False`` when refused."""
+        with self._cond:
+            if self._closed or self._pending_lines + n_lines > self.max_pending_lines:
+                refused = True
+            else:
+                refused = False
+                self._jobs.append((render, n_lines))
+                self._pending_lines += n_lines
+                self._idle.clear()
+                self._ensure_thread()
+                self._cond.notify()
+        if refused:
+            self._count_dropped(n_lines, "writer closed" if self._closed else "writer queue full (disk too slow?)")
+            return False
+        return True
+
+    def flush(self, timeout: Optional[float] = 30.0) -> bool:
+        """Wait until every accepted job is written or counted."""
+        if self._thread is None or not self._thread.is_alive():
+            self._drain()  # no thread (fork, or never started): write inline
+            return True
+        with self._cond:
+            self._cond.notify()
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: Optional[float] = 30.0) -> None:
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._close_fds()
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _ensure_thread(self) -> None:
+        # called with self._cond held
+        if os.getpid() != self._pid:  # forked child: the parent's thread and fds are not ours
+            self._pid = os.getpid()
+            self._fds = {}
+            self._thread = None
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name=f"otel-verl-{self.output}", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._idle.set()
+                    self._cond.wait()
+                if self._closed and not self._jobs:
+                    self._idle.set()
+                    return
+            self._drain()
+
+    def _drain(self) -> None:
+        with self._cond:
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        if not jobs:
+            self._idle.set()
+            return
+        by_path: Dict[str, List[str]] = {}
+        lines_by_path: Dict[str, int] = {}
+        for render, n_lines in jobs:
+            try:
+                chunks = list(render())
+            except Exception as exc:
+                health.record_failure(f"{self.output}.render", exc)
+                self._count_dropped(n_lines, "could not format")
+                continue
+            share = n_lines // max(1, len(chunks)) if chunks else 0
+            for i, (path, text) in enumerate(chunks):
+                by_path.setdefault(path, []).append(text)
+                count = share + (n_lines - share * len(chunks) if i == 0 else 0)
+                lines_by_path[path] = lines_by_path.get(path, 0) + count
+        for path, texts in by_path.items():
+            self._append(path, "".join(texts), lines_by_path[path])
+        with self._cond:
+            self._pending_lines -= sum(n for _, n in jobs)
+            if not self._jobs:
+                self._idle.set()
+
+    def _append(self, path: str, text: str, n_lines: int) -> None:
+        data = text.encode("utf-8")
+        fd = -1
+        try:
+            fd = self._fd(path)
+            before = os.fstat(fd).st_size
+            written = 0
+            try:
+                while written < len(data):
+                    n = os.write(fd, data[written:])
+                    if n <= 0:
+                        raise OSError(errno.EIO, "short write")
+                    written += n
+            except OSError:
+                if written:
+                    self._cut_back(fd, before, written)
+                raise
+            self.written_lines += n_lines
+        except OSError as exc:
+            if fd >= 0:
+                self._forget_fd(path)
+            self._count_dropped(n_lines, f"{path}: {exc.strerror or exc}")
+
+    @staticmethod
+    def _cut_back(fd: int, before: int, written: int) -> None:
+        """Remove a torn tail, unless another process appended after us meanwhile."""
+        try:
+            if os.fstat(fd).st_size == before + written:
+                os.ftruncate(fd, before)
+        except OSError:
+            pass
+
+    def _fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            directory = os.path.dirname(path)
+            if directory and directory not in self._dirs_made:
+                os.makedirs(directory, exist_ok=True)
+                self._dirs_made.add(directory)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
+            self._fds[path] = fd
+            if len(self._fds) > 16:  # hourly/rotated files: keep only recent ones open
+                oldest = next(iter(self._fds))
+                if oldest != path:
+                    self._forget_fd(oldest)
+        return fd
+
+    def _forget_fd(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _close_fds(self) -> None:
+        for path in list(self._fds):
+            self._forget_fd(path)
+
+    def _count_dropped(self, n_lines: int, reason: str) -> None:
+        self.dropped_lines += n_lines
+        health.record_dropped(self.output, n_lines, reason)

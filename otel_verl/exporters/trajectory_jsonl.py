@@ -1,0 +1,288 @@
+"""The trajectory JSONL: one line per finished training trajectory of a rollout worker.
+
+Reads the ``TrajectoryData`` the events API attaches to each TRAJECTORY span (turn token
+ids, server timing meta, observations, the worker's tokenizer) and writes the line the
+legacy trajectory browser ingests. The byte contract (key order, every timing rule, the
+template-overhead quirk) is ``LEGACY_FORMATS.md`` §3; the seed's ``trajectory_store.py``
+and ``trajectory_types.py`` decide where the prose is unclear.
+
+``on_end`` runs on the agent loop's event loop, so it only queues a reference to the
+finished ``TrajectoryData``: decoding, re-encoding observations, ``json.dumps``, choosing
+the file and writing all happen on the :class:`BackgroundWriter` thread.
+
+Not written, like the seed: validation trajectories (``verl.validate``) and trajectories
+whose run raised (the seed dumped only after a successful run and postprocess).
+
+Without a tokenizer (``TrajectoryData.decode`` / ``encode`` is ``None``) the texts
+(``completion_text``, ``initial_prompt_text``, ``template_overhead_text``) are null, and
+``template_overhead_tokens`` is computed with 0 observation tokens (so for tool turns it
+then includes the observation's tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from otel_verl import health, semconv as sc
+from otel_verl.exporters._writer import BackgroundWriter
+from otel_verl.exporters.sample_csv import write_discovery_file
+from otel_verl.ids import sample_index
+from otel_verl.record import TrajectoryData, TurnData, record_of
+from otel_verl.semconv import Kind
+
+DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
+_OUTPUT = "trajectory_jsonl"
+
+
+class TrajectoryJsonlProcessor(SpanProcessor):
+    """Writes ``{trace_dir}/trajectory/trajectory_{pid}_{YYYYmmdd_HHMMSS}_{mmm}.jsonl``."""
+
+    def __init__(
+        self,
+        trace_dir: str,
+        *,
+        max_file_bytes: int = 100 * 1024 * 1024,
+        discovery_path: Optional[str] = DISCOVERY_PATH,
+        clock: Callable[[], float] = time.time,
+        max_pending_lines: int = 1 << 14,
+    ) -> None:
+        self.directory = os.path.join(trace_dir, "trajectory")
+        # A queued line holds its trajectory's token ids until rendered: bound the queue
+        # lower than the small-line outputs do (the writer renders ~5000 lines/s).
+        self.writer = BackgroundWriter(_OUTPUT, max_pending_lines)
+        self._files = _TrajectoryFiles(self.directory, max_file_bytes, discovery_path, clock)
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        try:
+            record = record_of(span)
+            if record is None or record.kind is not Kind.TRAJECTORY:
+                return
+            if not isinstance(record.data, TrajectoryData) or span.attributes.get(sc.VALIDATE):
+                return
+            if span.status.status_code is StatusCode.ERROR:
+                return
+            # The data is complete once its span ended; nothing mutates it afterwards.
+            self.writer.submit(functools.partial(self._render, record.data), 1)
+        except Exception as exc:  # never raise into the agent loop
+            health.record_failure(f"{_OUTPUT}.on_end", exc)
+
+    def _render(self, data: TrajectoryData) -> List[Tuple[str, str]]:
+        # writer thread: format, then pick the file (rotation needs the line's size)
+        text = trajectory_line(data) + "\n"
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        return [(self._files.path_for(size), text)]
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.writer.flush(timeout_millis / 1000.0)
+
+    def shutdown(self) -> None:
+        self.writer.close()
+
+
+class _TrajectoryFiles:
+    """Which file the next line goes to; used on the writer thread only.
+
+    Like the seed, a new file starts when the current one has reached the size limit
+    (checked before each line, so a file may end one line past it). Sizes are counted
+    here rather than stat'ed: the file is this process's own.
+    """
+
+    def __init__(self, directory: str, max_bytes: int, discovery_path: Optional[str], clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.discovery_path = discovery_path
+        self.clock = clock
+        self.path: Optional[str] = None
+        self.size = 0
+        self._pid = 0
+        self._last_ms = -1
+        self._announced = False
+
+    def path_for(self, n_bytes: int) -> str:
+        pid = os.getpid()
+        if self.path is None or self.size >= self.max_bytes or pid != self._pid:
+            self._start_file(pid)
+        self.size += n_bytes
+        return self.path  # type: ignore[return-value]
+
+    def _start_file(self, pid: int) -> None:
+        if not self._announced:
+            self._announce()
+        # Millisecond names: two files started within one millisecond would share a name,
+        # so a new name is always at least 1 ms after the previous one.
+        ms = max(int(self.clock() * 1000), self._last_ms + 1)
+        self._last_ms = ms
+        stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(ms // 1000))
+        self.path = os.path.join(self.directory, f"trajectory_{pid}_{stamp}_{ms % 1000:03d}.jsonl")
+        self.size = 0
+        self._pid = pid
+
+    def _announce(self) -> None:
+        # The discovery file is written when this process starts its first trajectory
+        # file: every traced process has this processor, but only rollout workers (where
+        # the seed's store lived) ever write a trajectory.
+        self._announced = True
+        write_discovery_file(self.discovery_path, self.directory)
+
+
+# --------------------------------------------------------------------------- the line
+
+_Decode = Optional[Callable[..., str]]
+_Encode = Optional[Callable[..., List[int]]]
+
+
+def trajectory_line(data: TrajectoryData) -> str:
+    """The JSONL line (without newline) for one finished trajectory."""
+    decode, encode = data.decode, data.encode
+    turns = data.turns
+    initial_prompt_text = _decode(decode, turns[0].prompt_ids) if turns else None
+    # Key order is the contract (the seed's dataclass field order minus dropped fields).
+    rest = {
+        "request_id": str(data.traj_uid),
+        "n_samples": data.n_samples,
+        "global_step": data.global_step,
+        "created_at_ts": data.created_at,
+        "completed_at_ts": data.completed_at,
+        "total_time_ms": (data.completed_at - data.created_at) * 1000,
+        "turns": _turn_dicts(turns, decode, encode),
+        "initial_prompt_text": initial_prompt_text,
+        "agent_metrics": dict(data.agent_metrics) if data.agent_metrics is not None else None,
+    }
+    return json.dumps(
+        {
+            "prompt_uid": data.uid,
+            "sample_index": sample_index(data.traj_uid),
+            "raw_message": json.dumps(rest, ensure_ascii=False, default=_jsonable),
+        },
+        ensure_ascii=False,
+    )
+
+
+def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> List[Dict[str, Any]]:
+    out: List[Dict[str, Any]] = []
+    prev_prompt = prev_completion = prev_observation_tokens = 0
+    for i, turn in enumerate(turns):
+        prompt_count = turn.prompt_token_count if turn.prompt_token_count is not None else _length(turn.prompt_ids)
+        completion_count = (
+            turn.completion_token_count if turn.completion_token_count is not None else _length(turn.completion_ids)
+        )
+        completion_ms = (turn.end_ts - turn.start_ts) * 1000 if turn.end_ts else 0.0
+        observation_ms = (
+            (turn.observation_end_ts - turn.observation_start_ts) * 1000
+            if turn.observation_start_ts is not None and turn.observation_end_ts is not None
+            else None
+        )
+        overhead_tokens = overhead_text = None
+        if i >= 1:
+            overhead_tokens = prompt_count - prev_prompt - prev_completion - prev_observation_tokens
+            if overhead_tokens > 0:
+                # The contract's quirk: the slice starts right after the previous
+                # completion, i.e. before (not after) the previous turn's observation.
+                start = prev_prompt + prev_completion
+                overhead_text = _decode(decode, turn.prompt_ids[start : start + overhead_tokens])
+        completion_text = _decode(decode, turn.completion_ids)
+        if completion_text is None and decode is not None:
+            completion_text = ""  # the seed's agent loops wrote "" when decoding failed
+        server = _server_timings(turn.server_meta)
+        out.append(
+            {
+                "turn_index": i,
+                "prompt_token_count": prompt_count,
+                "completion_text": completion_text,
+                "completion_token_count": completion_count,
+                "finish_reason": turn.finish_reason or "",
+                "observation_text": turn.observation_text,
+                "start_ts": turn.start_ts,
+                "end_ts": turn.end_ts,
+                "observation_start_ts": turn.observation_start_ts,
+                "observation_end_ts": turn.observation_end_ts,
+                "turn_total_time_ms": completion_ms + (observation_ms or 0.0),
+                "completion_time_ms": completion_ms,
+                "observation_time_ms": observation_ms,
+                **server,
+                "template_overhead_tokens": overhead_tokens,
+                "template_overhead_text": overhead_text,
+            }
+        )
+        prev_prompt, prev_completion = prompt_count, completion_count
+        # Only a following turn needs them: the last turn's observation is never encoded.
+        if i + 1 < len(turns):
+            prev_observation_tokens = _observation_token_count(encode, turn.observation_text)
+    return out
+
+
+def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """sglang's per-request meta (``--enable-metrics``) in milliseconds; absent -> null."""
+    e2e = _number(meta.get("e2e_latency"))
+    queue = _number(meta.get("queue_time"))
+    received = _number(meta.get("request_received_ts"))
+    prefilled = _number(meta.get("prefill_finished_ts"))
+    launch = _number(meta.get("prefill_launch_latency"))
+    total_ms = e2e * 1000 if e2e is not None else None
+    queue_ms = queue * 1000 if queue is not None else None
+    ttft_ms = (prefilled - received) * 1000 if prefilled is not None and received is not None else None
+    decode_ms = None
+    if total_ms is not None:
+        # max(0, ...) as in the seed: an int 0 when clamped
+        decode_ms = max(0, total_ms - (queue_ms or 0) - (ttft_ms or 0))
+    return {
+        "sglang_time_ms": total_ms,
+        "sglang_queue_time_ms": queue_ms,
+        "sglang_ttft_ms": ttft_ms,
+        "sglang_prefill_ms": launch * 1000 if launch is not None else None,
+        "sglang_decode_time_ms": decode_ms,
+    }
+
+
+def _length(ids: Any) -> int:
+    return len(ids) if ids is not None else 0  # not `ids or ()`: ids may be a numpy array
+
+
+def _number(value: Any) -> Any:
+    """A meta value as a number (ints and floats kept as they are), or ``None``."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return float(value)  # numpy scalars, numeric strings
+    except (TypeError, ValueError):
+        return None
+
+
+def _observation_token_count(encode: _Encode, text: Optional[str]) -> int:
+    if encode is None or not text:
+        return 0
+    try:
+        return len(encode(text, add_special_tokens=False))
+    except Exception as exc:
+        health.record_failure(f"{_OUTPUT}.encode", exc)
+        return 0
+
+
+def _decode(decode: _Decode, ids: Any) -> Optional[str]:
+    if decode is None or ids is None:
+        return None
+    try:
+        return decode(ids, skip_special_tokens=False)
+    except Exception as exc:
+        health.record_failure(f"{_OUTPUT}.decode", exc)
+        return None
+
+
+def _jsonable(value: Any) -> Any:
+    """json.dumps fallback for agent metrics: numpy scalars/arrays, else their str."""
+    to_list = getattr(value, "tolist", None)
+    if callable(to_list):
+        return to_list()
+    return str(value)

@@ -1,0 +1,86 @@
+"""otel_verl's own failures and losses: counted, readable, reported once.
+
+Tracing never raises into training. Whatever goes wrong inside otel_verl (a wrapper, a
+processor, a writer that cannot keep up, a full disk) is counted here under a name and
+logged once per name; nothing is dropped without a counter saying so.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections import Counter
+from typing import Any, Callable, Dict, TypeVar
+
+logger = logging.getLogger("otel_verl")
+
+_lock = threading.Lock()
+_failures: Counter = Counter()  # where -> how many exceptions otel_verl swallowed
+_dropped: Counter = Counter()  # output -> how many rows/lines/spans were not written
+_reported: set = set()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def record_failure(where: str, exc: BaseException) -> None:
+    """Count an exception otel_verl swallowed; log it the first time ``where`` fails."""
+    with _lock:
+        _failures[where] += 1
+        first = where not in _reported
+        _reported.add(where)
+    if first:
+        logger.warning("otel_verl: %s failed (%s: %s); tracing goes on, further failures here are counted only",
+                       where, type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
+
+
+def record_dropped(output: str, count: int, reason: str) -> None:
+    """Count ``count`` items of ``output`` that could not be written; log the first loss."""
+    if count <= 0:
+        return
+    key = f"dropped:{output}"
+    with _lock:
+        _dropped[output] += count
+        first = key not in _reported
+        _reported.add(key)
+    if first:
+        logger.warning("otel_verl: %s could not write %d item(s): %s; losses are counted (otel_verl.health.snapshot())",
+                       output, count, reason)
+
+
+def guarded(default: Any = None) -> Callable[[F], F]:
+    """Decorator for events-API functions: an exception becomes a counted failure."""
+
+    def decorate(fn: F) -> F:
+        where = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__}"
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                record_failure(where, exc)
+                return default
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def snapshot() -> Dict[str, Dict[str, int]]:
+    """Counters so far: ``{"failures": {...}, "dropped": {...}}``."""
+    with _lock:
+        return {"failures": dict(_failures), "dropped": dict(_dropped)}
+
+
+def total_dropped() -> int:
+    with _lock:
+        return sum(_dropped.values())
+
+
+def reset() -> None:
+    """Forget all counters (tests, and a forked child starting afresh)."""
+    with _lock:
+        _failures.clear()
+        _dropped.clear()
+        _reported.clear()

@@ -1,0 +1,86 @@
+"""Sample identity: normalising ids that arrive from verl and deriving trace ids from uids.
+
+One trace per prompt uid: the trace id is a pure function of the uid, so every process
+(trainer, AgentLoopWorker, reward worker, LLM server) puts spans into the same trace and
+ratio sampling on the trace id agrees everywhere without coordination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import Any, Iterable, List
+
+_MAX_ID_CHARS = 256  # longer ids are cut: they become attribute values and CSV cells
+_MASK_64 = (1 << 64) - 1
+
+
+def id_str(value: Any) -> str:
+    """Turn whatever verl hands us as an id into a plain ``str``.
+
+    Accepts str, bytes, ints, numpy scalars and 0-d/1-element arrays, TensorDict
+    ``NonTensorData`` (``.data``) and None (``"None"``, never an exception).
+    """
+    if isinstance(value, str):
+        s = value
+    else:
+        if type(value).__name__ == "NonTensorData":  # tensordict wraps the value in .data
+            value = value.data
+        item = getattr(value, "item", None)  # numpy scalar / 1-element array
+        if item is not None and getattr(value, "size", 1) == 1:
+            try:
+                value = item()
+            except (TypeError, ValueError):
+                pass
+        if isinstance(value, (bytes, bytearray)):
+            s = bytes(value).decode("utf-8", "replace")
+        else:
+            s = str(value)
+    return s if len(s) <= _MAX_ID_CHARS else s[:_MAX_ID_CHARS]
+
+
+def id_list(values: Any) -> List[str]:
+    """Normalise an id array (list, tuple, numpy array, NonTensorStack, scalar) to ``list[str]``."""
+    if values is None:
+        return []
+    if isinstance(values, (str, bytes)):
+        return [id_str(values)]
+    data = getattr(values, "tolist", None)
+    if data is not None:
+        try:
+            values = data()
+        except (TypeError, ValueError):
+            pass
+    if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
+        return [id_str(values)]
+    return [id_str(v) for v in values]
+
+
+def trace_id_for_uid(uid: str) -> int:
+    """128-bit trace id of a sample: the UUID's own bits, else a stable hash of the string."""
+    try:
+        value = uuid.UUID(uid).int
+    except (ValueError, AttributeError, TypeError):
+        value = 0
+    if value == 0:
+        digest = hashlib.blake2b(uid.encode("utf-8", "replace"), digest_size=16).digest()
+        value = int.from_bytes(digest, "big")
+    return value or 1
+
+
+def root_span_id_for_uid(uid: str) -> int:
+    """64-bit span id of a sample's root span, derived like the trace id.
+
+    Lets a process with no carrier still parent its spans to the sample root; an
+    explicit carrier (the exact parent) always wins.
+    """
+    digest = hashlib.blake2b(("root:" + uid).encode("utf-8", "replace"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & _MASK_64 or 1
+
+
+def sample_index(traj_uid: str) -> int | None:
+    """``int(traj_uid)`` for over-sampling indices, ``None`` for anything else."""
+    try:
+        return int(traj_uid)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,53 @@
+"""Reading a wrapped call's arguments by name, whatever way verl passed them."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Dict, Tuple
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+def bound(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Dict[str, Any]]:
+    """``(self, {name: value})`` of a call seen by a wrapt wrapper.
+
+    Handles both a bound method (``instance`` set) and a plain function wrapper around
+    an unbound method (re-decorated ``@auto_await`` targets: ``self`` is ``args[0]``).
+    """
+    target = getattr(wrapped, "__wrapped__", wrapped)
+    sig = _signature(target)
+    params = list(sig.parameters)
+    if instance is None and params and params[0] == "self":
+        instance, args = args[0], args[1:]
+    if params and params[0] == "self":
+        params = params[1:]
+    values = dict(zip(params, args))
+    values.update(kwargs)
+    return instance, values
+
+
+def self_and_args(instance: Any, args: Tuple[Any, ...]) -> Tuple[Any, Tuple[Any, ...]]:
+    """``self`` and the remaining positional args (see :func:`bound`)."""
+    if instance is None and args:
+        return args[0], args[1:]
+    return instance, args
+
+
+def replaced(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str, value: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """``(args, kwargs)`` with the argument ``name`` set to ``value``, wherever it was passed."""
+    if name in kwargs:
+        return args, {**kwargs, name: value}
+    target = getattr(wrapped, "__wrapped__", wrapped)
+    params = [p for p in _signature(target).parameters]
+    offset = 1 if (instance is None and params and params[0] == "self") else 0
+    if params and params[0] == "self":
+        params = params[1:]
+    if name in params:
+        index = params.index(name) + offset
+        if index < len(args):
+            return args[:index] + (value,) + args[index + 1:], kwargs
+    return args, {**kwargs, name: value}

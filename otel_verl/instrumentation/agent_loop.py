@@ -1,0 +1,203 @@
+"""Rollout-worker side: trajectories, agent runs, tools, observations and reward.
+
+Runs in the AgentLoopWorker (and v1 AgentLoopWorkerTQ) actor processes. Each sample
+runs in its own asyncio Task, so the trajectory span opened around
+``AgentLoopWorker._run_agent_loop`` is current for everything the agent loop does
+(``run()``, LLM calls, tools, ``_compute_score``) through contextvars.
+
+The trainer's per-row carrier (a ``otel_traceparent`` column, see
+:mod:`otel_verl.carriers`) reaches ``_run_agent_loop`` as a keyword argument; it is popped
+there, before the agent loop, the reward DataProto or TransferQueue can see it, and
+removed from the batch-level columns ``_postprocess`` copies into the output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from otel_verl import bootstrap, carriers, events, health
+from otel_verl.instrumentation._args import bound
+from otel_verl.instrumentation.hooks import Hook, install_on
+from otel_verl.semconv import Role
+
+AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
+TOOL_AGENT_LOOP = "verl.experimental.agent_loop.tool_agent_loop"
+COMPONENT = "agent_loop"
+
+
+def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
+    """Translate ``_run_agent_loop``'s arguments into :func:`events.trajectory` arguments.
+
+    Pops the carrier from ``kwargs`` (the call's own keyword arguments: every column of
+    the row, including ours)."""
+    carrier = carriers.pop_kwargs(kwargs)
+    row = getattr(carrier, "row", None) or {}
+    trajectory = trajectory or {}
+    session_id = kwargs.get("session_id")
+    traj_uid = row.get("traj_uid")
+    if traj_uid is None or traj_uid == "N/A":
+        traj_uid = session_id if session_id is not None else kwargs.get("traj_uid", "N/A")
+    rollout_config = getattr(worker, "rollout_config", None)
+    tokenizer = getattr(worker, "tokenizer", None)
+    return dict(
+        uid=kwargs.get("uid", "N/A"),
+        traj_uid=traj_uid,
+        step=int(trajectory.get("step", kwargs.get("global_steps", -1)) or -1),
+        agent_name=str(kwargs.get("agent_name") or "agent"),
+        parent=carrier,
+        n_samples=getattr(rollout_config, "n", None),
+        worker_index=row.get("worker"),
+        trainer_api="v1" if session_id is not None else "v0",
+        validate=bool(trajectory.get("validate", False)),
+        decode=getattr(tokenizer, "decode", None),
+        encode=getattr(tokenizer, "encode", None),
+    )
+
+
+async def _run_agent_loop(wrapped, instance, args, kwargs):
+    try:
+        bootstrap.ensure(Role.AGENT_LOOP_WORKER)
+        _, values = bound(wrapped, instance, args, kwargs)
+        traj_args = _trajectory_args(instance, values.get("trajectory"), kwargs)
+    except Exception as exc:
+        health.record_failure("agent_loop._run_agent_loop", exc)
+        carriers.pop_kwargs(kwargs)
+        return await wrapped(*args, **kwargs)
+    with events.trajectory(**traj_args):
+        return await wrapped(*args, **kwargs)
+
+
+def _postprocess(wrapped, instance, args, kwargs):
+    # Input columns are copied into the output in non-streaming reward mode: never ours.
+    try:
+        _, values = bound(wrapped, instance, args, kwargs)
+        columns = values.get("input_non_tensor_batch")
+        if isinstance(columns, dict) and carriers.COLUMN in columns:
+            columns = {k: v for k, v in columns.items() if k != carriers.COLUMN}
+            if "input_non_tensor_batch" in kwargs:
+                kwargs = {**kwargs, "input_non_tensor_batch": columns}
+    except Exception as exc:
+        health.record_failure("agent_loop._postprocess", exc)
+    return wrapped(*args, **kwargs)
+
+
+async def _agent_run(wrapped, instance, args, kwargs):
+    with events.agent_run(type(instance).__name__):
+        return await wrapped(*args, **kwargs)
+
+
+def _worker_init(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
+    # Agent loop classes are known only now (the registry, plus any loaded from
+    # agent_loop_config_path in __init__): wrap each one's own run().
+    try:
+        wrap_registered_agent_loops()
+    except Exception as exc:
+        health.record_failure("agent_loop.registry", exc)
+    return result
+
+
+def wrap_registered_agent_loops() -> List[str]:
+    import importlib
+    import sys
+
+    module = sys.modules.get(AGENT_LOOP)
+    registry = getattr(module, "_agent_loop_registry", {}) or {}
+    wrapped_names = []
+    for config in list(registry.values()):
+        target = config.get("_target_") if hasattr(config, "get") else None
+        if not target:
+            continue
+        module_name, _, class_name = str(target).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except Exception as exc:
+            health.record_failure(f"agent_loop.import {target}", exc)
+            continue
+        for klass in cls.__mro__:  # the class that actually defines run()
+            if "run" in vars(klass) and klass.__module__ != AGENT_LOOP:
+                install_on(klass, "run", _agent_run, COMPONENT)
+                wrapped_names.append(klass.__qualname__)
+                break
+    return wrapped_names
+
+
+async def _compute_score(wrapped, instance, args, kwargs):
+    try:
+        _, values = bound(wrapped, instance, args, kwargs)
+        outputs = values.get("outputs") or []
+        final = outputs[-1] if outputs else None
+        scored_here = final is not None and final.reward_score is None and getattr(instance, "reward_loop_worker_handles", None) is not None
+    except Exception as exc:
+        health.record_failure("agent_loop._compute_score", exc)
+        return await wrapped(*args, **kwargs)
+    if not scored_here:
+        result = await wrapped(*args, **kwargs)
+        _record_outcome(final, None)
+        return result
+    with events.reward() as reward:
+        result = await wrapped(*args, **kwargs)
+        _record_outcome(final, reward)
+    return result
+
+
+@health.guarded(default=None)
+def _record_outcome(final: Any, reward: Any) -> None:
+    if final is None:
+        return
+    metrics = getattr(final, "metrics", None)
+    if metrics is not None:
+        events.agent_metrics(metrics.model_dump() if hasattr(metrics, "model_dump") else dict(metrics))
+    if final.reward_score is not None:
+        if reward is not None:
+            reward.score(final.reward_score)
+        else:
+            events.trajectory_score(final.reward_score)
+
+
+async def _call_tool(wrapped, instance, args, kwargs):
+    try:
+        _, values = bound(wrapped, instance, args, kwargs)
+        tool_call = values.get("tool_call")
+        name = str(getattr(tool_call, "name", "tool"))
+        call_id = getattr(tool_call, "tool_call_id", None)
+    except Exception as exc:
+        health.record_failure("agent_loop._call_tool", exc)
+        return await wrapped(*args, **kwargs)
+    with events.tool_call(name, call_id=call_id):
+        return await wrapped(*args, **kwargs)
+
+
+async def _handle_processing_tools_state(wrapped, instance, args, kwargs):
+    try:
+        _, values = bound(wrapped, instance, args, kwargs)
+        messages = values["agent_data"].messages
+        before = len(messages)
+    except Exception as exc:
+        health.record_failure("agent_loop._handle_processing_tools_state", exc)
+        return await wrapped(*args, **kwargs)
+    result = await wrapped(*args, **kwargs)
+    events.observation(_observation_texts(values["agent_data"].messages[before:]))
+    return result
+
+
+def _observation_texts(messages: List[Any]) -> List[str]:
+    texts = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("tool", "function"):
+            continue
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "\n".join(c.get("text", "") if isinstance(c, dict) else str(c) for c in content)
+        texts.append(str(content))
+    return texts
+
+
+HOOKS = [
+    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
+    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
+    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),
+]

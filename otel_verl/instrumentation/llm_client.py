@@ -1,0 +1,79 @@
+"""LLM turns, captured at verl's LLM client so every agent loop gets turn spans.
+
+``LLMServerClient.generate`` is what SingleTurnAgentLoop, ToolAgentLoop and custom agent
+loops call for each turn (in the rollout worker). The turn's context goes to the server
+as a suffix of the engine request id (:func:`otel_verl.carriers.tag_request_id`); the
+server's timing comes back in ``extra_fields`` and is popped here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from otel_verl import carriers, events, health
+from otel_verl.instrumentation._args import bound
+from otel_verl.instrumentation.hooks import Hook
+
+LLM_SERVER = "verl.workers.rollout.llm_server"
+COMPONENT = "llm_client"
+
+
+def _model_and_provider(client: Any) -> "tuple[str | None, str]":
+    try:
+        config = client.config.actor_rollout_ref
+        path = str(config.model.path).rstrip("/")
+        return os.path.basename(path) or None, str(config.rollout.name or "verl")
+    except Exception:
+        return None, "verl"
+
+
+async def _generate(wrapped, instance, args, kwargs):
+    try:
+        _, values = bound(wrapped, instance, args, kwargs)
+        params = values.get("sampling_params") or {}
+        model, provider = _model_and_provider(instance)
+        call = events.llm_call(
+            values.get("prompt_ids") or (),
+            model=model,
+            provider=provider,
+            request_id=str(values.get("request_id")),
+            max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
+            temperature=params.get("temperature"),
+            top_p=params.get("top_p"),
+        )
+    except Exception as exc:
+        health.record_failure("llm_client.generate", exc)
+        return _pop_server_meta(await wrapped(*args, **kwargs))[0]
+    with call as turn:
+        output, server_meta = _pop_server_meta(await wrapped(*args, **kwargs))
+        turn.finish(
+            getattr(output, "token_ids", ()) or (),
+            stop_reason=getattr(output, "stop_reason", None),
+            output_tokens=(server_meta or {}).get("completion_tokens"),
+            server_meta={k: v for k, v in (server_meta or {}).items() if k != "completion_tokens"},
+        )
+        return output
+
+
+def _pop_server_meta(output: Any) -> "tuple[Any, dict | None]":
+    extra = getattr(output, "extra_fields", None)
+    meta = extra.pop(carriers.SERVER_META_KEY, None) if isinstance(extra, dict) else None
+    return output, meta
+
+
+def _engine_request_id(wrapped, instance, args, kwargs):
+    request_id = wrapped(*args, **kwargs)
+    try:
+        turn = events.current_turn()
+        if turn is not None and turn.span is not None:
+            return carriers.tag_request_id(request_id, turn.carrier())
+    except Exception as exc:
+        health.record_failure("llm_client.request_id", exc)
+    return request_id
+
+
+HOOKS = [
+    Hook(LLM_SERVER, "LLMServerClient.generate", _generate, ("request_id", "prompt_ids", "sampling_params"), COMPONENT),
+    Hook(LLM_SERVER, "LLMServerClient._vllm_request_id", _engine_request_id, ("request_id",), COMPONENT),
+]

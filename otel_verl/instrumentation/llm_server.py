@@ -1,0 +1,75 @@
+"""LLM server side: a server span per generate call, engine timing handed back to the turn.
+
+Runs in the SGLangHttpServer / vLLMHttpServer actor. The turn's context arrives as a
+suffix of the request id (see :mod:`otel_verl.carriers`): stripped here before the
+engine sees the id. sglang's per-request ``meta_info`` (e2e_latency, queue_time, ...;
+every key optional, names vary by version) is read from ``TokenizerManager.generate_request``
+and returned to the worker in ``extra_fields`` for the trajectory JSONL. When sglang's own
+tracing is on, our context is passed as ``external_trace_header`` so engine spans nest
+under the turn. sglang installs its own global TracerProvider in this process; otel_verl
+keeps its own (see :mod:`otel_verl.bootstrap`).
+"""
+
+from __future__ import annotations
+
+from otel_verl import bootstrap, carriers, events, health
+from otel_verl.instrumentation._args import bound, replaced
+from otel_verl.instrumentation.hooks import Hook
+from otel_verl.semconv import Role
+
+SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
+VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
+SGLANG_TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager"
+COMPONENT = "llm_server"
+
+
+def _server_generate(provider: str):
+    async def wrapper(wrapped, instance, args, kwargs):
+        call = None
+        try:
+            _, values = bound(wrapped, instance, args, kwargs)
+            original, headers = carriers.untag_request_id(values.get("request_id"))
+            if headers is not None:  # an untagged id comes from an untraced caller: not ours
+                args, kwargs = replaced(wrapped, instance, args, kwargs, "request_id", original)
+                bootstrap.ensure(Role.LLM_SERVER)
+                call = events.llm_server_call(headers, request_id=str(original), provider=provider)
+        except Exception as exc:
+            health.record_failure("llm_server.generate", exc)
+        if call is None:
+            return await wrapped(*args, **kwargs)
+        with call as server:
+            output = await wrapped(*args, **kwargs)
+            _hand_back(output, server)
+            return output
+
+    return wrapper
+
+
+@health.guarded(default=None)
+def _hand_back(output, server) -> None:
+    extra = getattr(output, "extra_fields", None)
+    if isinstance(extra, dict):
+        extra[carriers.SERVER_META_KEY] = dict(server.meta)
+
+
+async def _generate_request(wrapped, instance, args, kwargs):
+    """sglang ``TokenizerManager.generate_request(obj, request=None)``, an async generator."""
+    server = events.current_server_call()
+    if server is not None:
+        try:
+            obj = args[0] if args else kwargs.get("obj")
+            if server.headers and getattr(obj, "external_trace_header", "absent") is None:
+                obj.external_trace_header = dict(server.headers)
+        except Exception as exc:
+            health.record_failure("llm_server.external_trace_header", exc)
+    async for out in wrapped(*args, **kwargs):
+        if server is not None and isinstance(out, dict) and isinstance(out.get("meta_info"), dict):
+            server.record_meta(out["meta_info"])
+        yield out
+
+
+HOOKS = [
+    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
+    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
+    Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
+]

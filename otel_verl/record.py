@@ -1,0 +1,130 @@
+"""In-process data that rides on a span without being exported over OTLP.
+
+Legacy outputs need more than a span's attributes: the id arrays of a batch stage, the
+texts and token ids of a trajectory's turns. Putting those on OTLP spans would be costly
+(16k ids per stage) and, for message content, a privacy leak (GenAI content capture is
+opt-in). The events API attaches a :class:`SpanRecord` to each span it starts; span
+processors in the same process read it; OTLP exporters never see it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from otel_verl.semconv import Kind
+
+_ATTR = "_otel_verl_record"
+
+
+@dataclass
+class TurnData:
+    """One LLM generate call of a trajectory, as the JSONL exporter needs it."""
+
+    prompt_ids: Sequence[int]
+    start_ts: float
+    # len(prompt_ids) when the call started: agent loops extend their prompt list in
+    # place after each turn (ToolAgentLoop: ``prompt_ids += response_ids``).
+    prompt_token_count: Optional[int] = None
+    end_ts: float = 0.0
+    completion_ids: Sequence[int] = ()
+    completion_token_count: Optional[int] = None  # the server's count when it gave one
+    finish_reason: str = ""
+    server_meta: Dict[str, float] = field(default_factory=dict)  # sglang/vLLM timing keys
+    observation_text: Optional[str] = None
+    observation_start_ts: Optional[float] = None
+    observation_end_ts: Optional[float] = None
+
+
+@dataclass
+class TrajectoryData:
+    """Everything the rollout worker knows about one (uid, traj_uid) run."""
+
+    uid: str
+    traj_uid: str
+    global_step: int
+    n_samples: Optional[int]
+    agent_name: str
+    created_at: float
+    trainer_api: str = "v0"  # "v0" (AgentLoopWorker) or "v1" (AgentLoopWorkerTQ)
+    completed_at: float = 0.0
+    turns: List[TurnData] = field(default_factory=list)
+    agent_metrics: Dict[str, Any] = field(default_factory=dict)
+    reward_score: Optional[float] = None
+    # tokenizer.decode / tokenizer.encode of the worker; the JSONL exporter decodes texts
+    # off the event loop, so only references are kept here.
+    decode: Optional[Callable[..., str]] = None
+    encode: Optional[Callable[..., List[int]]] = None
+
+
+@dataclass
+class RolloutData:
+    """The trajectories of one uid as dispatched to the agent loop workers (batch order)."""
+
+    traj_uids: List[str]
+    worker_indices: List[int]
+    variant: str = "v0"
+
+
+@dataclass
+class SpanRecord:
+    kind: Kind
+    data: Any = None
+
+
+# The record of the span being started by :func:`start_span` (name, record): the SDK
+# runs the processors' on_start inside ``tracer.start_span``, before the caller could
+# attach anything to the span it returns.
+_starting: contextvars.ContextVar[Optional[Tuple[str, SpanRecord]]] = contextvars.ContextVar(
+    "otel_verl_starting_record", default=None
+)
+
+
+def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, **kwargs: Any) -> Any:
+    """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on."""
+    record = SpanRecord(record_kind, data)
+    token = _starting.set((name, record))
+    try:
+        span = tracer.start_span(name, **kwargs)
+    finally:
+        _starting.reset(token)
+    _bind(span, record)
+    return span
+
+
+def attach(span: Any, kind: Kind, data: Any = None) -> None:
+    """Attach a record to an already started span (its on_start has not seen it)."""
+    _bind(span, SpanRecord(kind, data))
+
+
+def _bind(span: Any, record: SpanRecord) -> None:
+    if getattr(span, _ATTR, None) is record:
+        return
+    try:
+        setattr(span, _ATTR, record)
+    except AttributeError:  # a non-SDK span (no-op provider): nothing to attach to
+        return
+    # on_end receives a fresh ReadableSpan (SDK ``Span._readable_span()``), not the span:
+    # make that copy carry the record too. A weak reference avoids a span <-> closure cycle.
+    make_readable = getattr(type(span), "_readable_span", None)
+    if make_readable is None:
+        return
+    span_ref = weakref.ref(span)
+
+    def readable_with_record() -> Any:
+        readable = make_readable(span_ref())
+        setattr(readable, _ATTR, record)
+        return readable
+
+    span._readable_span = readable_with_record
+
+
+def record_of(span: Any) -> Optional[SpanRecord]:
+    record = getattr(span, _ATTR, None)
+    if record is None:
+        starting = _starting.get()
+        if starting is not None and getattr(span, "name", None) == starting[0]:
+            record = starting[1]  # on_start of the span start_span() is starting
+    return record

@@ -1,0 +1,122 @@
+"""Per-sample sampling, uid-derived ids, and counting what the OTLP path drops.
+
+- :class:`UidIdGenerator` gives the next root span the ids derived from its uid (see
+  :mod:`otel_verl.ids`), so a sample's trace id is the same in every process.
+- :func:`record_dropped_samples` wraps the standard ``OTEL_TRACES_SAMPLER`` so that a
+  span it would drop is still recorded (``RECORD_ONLY``): legacy processors see every
+  span, while BatchSpanProcessor exports only sampled ones.
+- :class:`DropCountingProcessor` counts spans the SDK's batch processor loses (queue
+  full) or its exporter fails to deliver: the SDK only logs those once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Optional, Sequence, Tuple
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, _get_from_env_or_default
+
+from otel_verl import health
+
+_next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
+
+
+class UidIdGenerator(RandomIdGenerator):
+    """Random ids, except for the one root span announced with :meth:`next_ids`."""
+
+    def next_ids(self, trace_id: int, span_id: int) -> None:
+        _next_ids.set((trace_id, span_id))
+
+    def generate_trace_id(self) -> int:
+        ids = _next_ids.get()
+        return ids[0] if ids is not None else super().generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        ids = _next_ids.get()
+        if ids is not None:
+            _next_ids.set(None)  # the root's span id is used once; its children get random ids
+            return ids[1]
+        return super().generate_span_id()
+
+    def is_trace_id_random(self) -> bool:
+        return False
+
+
+class RecordDroppedSamples(Sampler):
+    """``inner``'s decision, with DROP turned into RECORD_ONLY."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self._inner = inner
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        result = self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        if result.decision is Decision.DROP:
+            return SamplingResult(Decision.RECORD_ONLY, result.attributes, result.trace_state)
+        return result
+
+    def get_description(self) -> str:
+        return f"RecordDroppedSamples{{{self._inner.get_description()}}}"
+
+
+def record_dropped_samples(inner: Optional[Sampler] = None) -> Sampler:
+    return RecordDroppedSamples(inner if inner is not None else _get_from_env_or_default())
+
+
+class _CountingExporter(SpanExporter):
+    def __init__(self, exporter: SpanExporter, output: str) -> None:
+        self._exporter = exporter
+        self._output = output
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._exporter.export(spans)
+        except Exception as exc:
+            health.record_failure(f"{self._output}.export", exc)
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            health.record_dropped(self._output, len(spans), "export failed (endpoint down, refusing or unreachable?)")
+        return result
+
+    def shutdown(self) -> None:
+        self._exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        flush = getattr(self._exporter, "force_flush", None)
+        return flush(timeout_millis) if flush is not None else True
+
+
+class DropCountingProcessor(SpanProcessor):
+    """A BatchSpanProcessor whose losses are counted in :mod:`otel_verl.health`."""
+
+    def __init__(self, batch_processor: Any, output: str) -> None:
+        self._bsp = batch_processor
+        self._output = output
+        inner = getattr(batch_processor, "_batch_processor", None)
+        # SDK 1.45 internals (opentelemetry/sdk/_shared_internal BatchProcessor): the
+        # queue is a deque whose oldest entry is discarded when full.
+        self._queue = getattr(inner, "_queue", None)
+        self._max = getattr(inner, "_max_queue_size", None)
+        exporter = getattr(inner, "_exporter", None)
+        if exporter is not None:
+            self.exporter = _CountingExporter(exporter, output)
+            inner._exporter = self.exporter
+
+    def on_start(self, span, parent_context=None) -> None:
+        self._bsp.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._queue is not None and span.context.trace_flags.sampled and len(self._queue) == self._max:
+            health.record_dropped(self._output, 1, "span queue full (OTEL_BSP_MAX_QUEUE_SIZE)")
+        self._bsp.on_end(span)
+
+    def shutdown(self) -> None:
+        self._bsp.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._bsp.force_flush(timeout_millis)

@@ -1,0 +1,176 @@
+"""The trace model: every span name, attribute key and span kind otel_verl emits.
+
+This module is the single owner of the names listed in ``docs/SPANS.md``; wrappers,
+the events API and the exporters import the constants from here instead of spelling
+strings themselves. GenAI keys follow the OpenTelemetry GenAI semantic conventions
+(status: Development); RL-specific keys live under ``verl.*``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+INSTRUMENTATION_NAME = "otel_verl"
+
+# --------------------------------------------------------------------------- resource
+SERVICE_NAME = "service.name"
+RUN_ID = "verl.run_id"
+ROLE = "verl.role"
+HOST_NAME = "host.name"
+PROCESS_PID = "process.pid"
+RAY_NODE_ID = "ray.node_id"
+RAY_ACTOR_ID = "ray.actor_id"
+RAY_JOB_ID = "ray.job_id"
+
+
+class Role(str, enum.Enum):
+    """Value of the ``verl.role`` resource attribute: what a process does in the job."""
+
+    TRAINER = "trainer"
+    AGENT_LOOP_WORKER = "agent_loop_worker"
+    LLM_SERVER = "llm_server"
+    REWARD_WORKER = "reward_worker"
+    DRIVER = "driver"
+    WORKER = "worker"
+
+
+# --------------------------------------------------------------------------- sample identity
+UID = "verl.uid"
+TRAJ_UID = "verl.traj_uid"
+TRAJ_UIDS = "verl.traj_uids"
+GLOBAL_STEP = "verl.global_step"
+STAGE = "verl.stage"
+VALIDATE = "verl.validate"
+SESSION_ID = "verl.session_id"
+WORKER_INDEX = "verl.agent_loop.worker_index"
+WORKER_INDICES = "verl.agent_loop.worker_indices"
+AGENT_LOOP_CLASS = "verl.agent_loop.class"
+TRAINER = "verl.trainer"
+LAYOUT = "verl.layout"
+SAMPLE_OUTCOME = "verl.sample.outcome"
+REWARD_SCORE = "verl.reward.score"
+EPOCH = "verl.epoch"
+CONSUMED_BATCHES = "verl.consumed_batches"
+RESPONSE_TOKENS = "verl.generation.response_tokens"
+TOTAL_TRAINING_STEPS = "verl.total_training_steps"
+TRAIN_BATCH_SIZE = "verl.train_batch_size"
+ROLLOUT_N = "verl.rollout_n"
+PPO_MINI_BATCH_SIZE = "verl.ppo_mini_batch_size"
+NUM_MINIBATCHES = "verl.num_minibatches"
+NUM_TURNS = "verl.num_turns"
+LLM_REQUEST_ID = "verl.llm.request_id"
+LLM_SERVER_ID = "verl.llm.server_id"
+LLM_SERVER_META_PREFIX = "verl.llm.server."  # + a numeric sglang/vLLM meta_info key
+
+# --------------------------------------------------------------------------- GenAI
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # opt-in content
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # opt-in content
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in content
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # opt-in content
+ERROR_TYPE = "error.type"
+
+OP_CHAT = "chat"
+OP_TEXT_COMPLETION = "text_completion"
+OP_INVOKE_AGENT = "invoke_agent"
+OP_EXECUTE_TOOL = "execute_tool"
+
+
+class Kind(enum.Enum):
+    """What a span stands for in the model. Kept off the wire (see ``otel_verl.record``):
+    processors dispatch on it instead of parsing span names."""
+
+    FIT = "fit"  # trainer: instant span at the start of fit, carries the run shape
+    STEP = "step"  # trainer: root of a step trace
+    STEP_STAGE = "step_stage"  # trainer: one stage of a step (generation, update actor, ...)
+    SAMPLE = "sample"  # trainer: root of a sample (uid) trace
+    ROLLOUT = "rollout"  # trainer: one uid's dispatch to the agent loop workers
+    SAMPLE_STAGE = "sample_stage"  # trainer: one uid in one training stage, lists traj_uids
+    PROMPT_TASK = "prompt_task"  # worker (v1): one prompt's task running its sessions
+    TRAJECTORY = "trajectory"  # worker: one (uid, traj_uid) agent run (invoke_agent)
+    AGENT_RUN = "agent_run"  # worker: the agent loop's run() inside a trajectory
+    LLM_CALL = "llm_call"  # worker: one generate call (chat / text_completion)
+    LLM_SERVER = "llm_server"  # server actor: the server side of one generate call
+    TOOL = "tool"  # worker: one tool execution (execute_tool)
+    REWARD = "reward"  # worker: reward computation of one trajectory
+
+
+# --------------------------------------------------------------------------- span names
+SPAN_FIT = "verl.fit"
+SPAN_STEP = "verl.step"
+SPAN_SAMPLE = "verl.sample"
+SPAN_ROLLOUT = "verl.rollout"
+SPAN_PROMPT_TASK = "verl.prompt_task"
+SPAN_AGENT_RUN = "verl.agent_run"
+SPAN_LLM_SERVER = "verl.llm_server.generate"
+SPAN_REWARD = "verl.reward"
+
+
+def step_stage_span_name(stage: str) -> str:
+    return f"verl.stage {stage}"
+
+
+def sample_stage_span_name(stage: str) -> str:
+    return f"verl.sample_stage {stage}"
+
+
+def agent_span_name(agent_name: str | None) -> str:
+    return f"{OP_INVOKE_AGENT} {agent_name}" if agent_name else OP_INVOKE_AGENT
+
+
+def llm_span_name(operation: str, model: str | None) -> str:
+    return f"{operation} {model}" if model else operation
+
+
+def tool_span_name(tool_name: str) -> str:
+    return f"{OP_EXECUTE_TOOL} {tool_name}"
+
+
+class Stage(str, enum.Enum):
+    """``verl.stage``: a training-step stage. Step stages group a whole batch; the
+    per-uid sample-stage spans of the batch stages reuse the same value."""
+
+    FETCH_BATCH = "fetch_batch"  # disaggregated: wait for a batch from the replay queue
+    GENERATION = "generation"
+    REWARD = "reward"
+    OLD_LOG_PROB = "old_log_prob"
+    REF_LOG_PROB = "ref_log_prob"
+    VALUES = "values"
+    ADVANTAGE = "adv"
+    UPDATE_CRITIC = "update_critic"
+    UPDATE_ACTOR = "update_actor"
+    SAVE_CHECKPOINT = "save_checkpoint"
+    EVAL = "eval"
+    RECORD_METRICS = "record_metrics"
+    SYNC_PARAMS = "sync_params"
+    SAMPLE = "sample"  # v1: trajectories taken from the replay buffer
+    FILTER = "filter"  # trajectories dropped by a filter / eviction
+
+
+class Outcome(str, enum.Enum):
+    """``verl.sample.outcome``: how a sample's root span ended."""
+
+    TRAINED = "trained"
+    FILTERED = "filtered"
+    EVICTED = "evicted"
+    DROPPED = "dropped"
+    OPEN_LIMIT = "evicted_open_span_limit"
+    SHUTDOWN = "unfinished_at_shutdown"
+
+
+class Layout(str, enum.Enum):
+    COLOCATED = "colocated"
+    DISAGGREGATED = "disaggregated"

@@ -1,0 +1,125 @@
+"""Configuration from the environment, read in one place.
+
+Standard ``OTEL_*`` variables are read by the OpenTelemetry SDK itself (exporter
+endpoint, protocol, headers, timeout, sampler, batch sizes, span limits); this module
+reads the switches that are otel_verl's own. Bad values in these variables are the
+user's input: they raise :class:`ConfigError` with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+TRACE_DIR = "VERL_TRACE_DIR"  # the legacy switch: files under this directory
+FORCE = "OTEL_VERL_ENABLED"  # 1: trace even with no trace dir and no endpoint; 0: never
+RUN_ID = "OTEL_VERL_RUN_ID"
+ROLE = "OTEL_VERL_ROLE"
+FLOW_STDOUT = "OTEL_VERL_FLOW_STDOUT"
+TRACE_VALIDATION = "OTEL_VERL_TRACE_VALIDATION"
+JSONL_MAX_MB = "OTEL_VERL_JSONL_MAX_MB"
+MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
+WRITER_MAX_PENDING = "OTEL_VERL_WRITER_MAX_PENDING"
+OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
+CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+SDK_DISABLED = "OTEL_SDK_DISABLED"
+TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+
+# Variables a worker process needs to trace like the driver does.
+FORWARDED_PREFIXES = ("OTEL_", "OTEL_VERL_")
+FORWARDED_NAMES = (TRACE_DIR, "DLC_JOB_ID")
+
+
+class ConfigError(ValueError):
+    """A configuration value given by the user is invalid."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a positive integer") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r}: expected a positive integer")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    trace_dir: Optional[str]
+    otlp_endpoint: Optional[str]
+    forced: Optional[bool]  # None: decide from trace dir / endpoint
+    flow_stdout: bool
+    trace_validation: bool
+    capture_content: bool
+    jsonl_max_bytes: int
+    max_open_samples: int
+    writer_max_pending: int
+    otlp_file: Optional[bool]
+    sdk_disabled: bool
+
+    @property
+    def enabled(self) -> bool:
+        if self.sdk_disabled or self.forced is False:
+            return False
+        return bool(self.forced or self.trace_dir or self.otlp_endpoint)
+
+    @property
+    def write_otlp_files(self) -> bool:
+        """The embedded default: a trace dir and no endpoint gives ``{trace_dir}/otlp/``."""
+        if not self.trace_dir:
+            return False
+        if self.otlp_file is not None:
+            return self.otlp_file
+        return not self.otlp_endpoint
+
+
+def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = None) -> Settings:
+    """Read the settings; ``trace_dir`` given in code wins over ``VERL_TRACE_DIR``."""
+    env = os.environ if env is None else env
+    exporter = env.get(TRACES_EXPORTER, "").strip().lower()
+    endpoint = env.get(OTLP_TRACES_ENDPOINT) or env.get(OTLP_ENDPOINT) or None
+    if exporter == "none":
+        endpoint = None
+    forced_raw = env.get(FORCE)
+    return Settings(
+        trace_dir=trace_dir or env.get(TRACE_DIR) or None,
+        otlp_endpoint=endpoint,
+        forced=None if forced_raw is None else _flag(env, FORCE, False),
+        flow_stdout=_flag(env, FLOW_STDOUT, False),
+        trace_validation=_flag(env, TRACE_VALIDATION, False),
+        capture_content=_flag(env, CAPTURE_CONTENT, False),
+        jsonl_max_bytes=_positive_int(env, JSONL_MAX_MB, 100) * 1024 * 1024,
+        max_open_samples=_positive_int(env, MAX_OPEN_SAMPLES, 1 << 16),
+        writer_max_pending=_positive_int(env, WRITER_MAX_PENDING, 1 << 20),
+        otlp_file=None if env.get(OTLP_FILE) is None else _flag(env, OTLP_FILE, True),
+        sdk_disabled=_flag(env, SDK_DISABLED, False),
+    )
+
+
+def forwarded_env(env: Optional[Mapping[str, str]] = None) -> dict:
+    """The variables to copy into every Ray worker's runtime env."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}

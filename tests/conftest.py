@@ -1,0 +1,93 @@
+"""Shared fixtures: an in-process tracing pipeline driven through the real events API."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterable, List
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (otel_binaries, ...)
+
+
+class Pipeline:
+    """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler) with
+    the given processors and an in-memory exporter, installed as the events runtime."""
+
+    def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from otel_verl import events, settings
+        from otel_verl.sampling import UidIdGenerator, record_dropped_samples
+
+        self.exporter = InMemorySpanExporter()
+        self.ids = UidIdGenerator()
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": "verl", "verl.role": "trainer", "verl.run_id": "test-run"}),
+            sampler=record_dropped_samples(sampler),
+            id_generator=self.ids,
+        )
+        self.processors: List[Any] = list(processors)
+        for p in self.processors:
+            self.provider.add_span_processor(p)
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.settings = settings.load(env or {"OTEL_VERL_ENABLED": "1"})
+        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), self.ids, self.settings))
+
+    def spans(self):
+        return self.exporter.get_finished_spans()
+
+    def close(self) -> None:
+        from otel_verl import events
+
+        events.end_open_samples()
+        self.provider.shutdown()
+        events._install(None)
+
+
+@pytest.fixture
+def make_pipeline():
+    """``make_pipeline([processors], env=None, sampler=None) -> Pipeline``; closed after the test."""
+    made: List[Pipeline] = []
+
+    def factory(processors: Iterable[Any] = (), env: dict | None = None, sampler: Any = None) -> Pipeline:
+        pipeline = Pipeline(processors, env, sampler)
+        made.append(pipeline)
+        return pipeline
+
+    yield factory
+    for pipeline in made:
+        pipeline.close()
+
+
+@pytest.fixture(autouse=True)
+def _reset_health():
+    from otel_verl import health
+
+    health.reset()
+    yield
+
+
+RAY_TEST_ENV = {"OTEL_VERL_ENABLED": "1", "OTEL_VERL_RUN_ID": "ray-test-run", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster whose workers get otel_verl's setup hook and env vars."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    from otel_verl import activation
+
+    env = dict(RAY_TEST_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    runtime_env = activation.runtime_env(env=RAY_TEST_ENV)
+    runtime_env["env_vars"]["PYTHONPATH"] = env["PYTHONPATH"]  # test modules defining actors
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,386 @@
+"""Locate (or build) the Go tracing binaries and run them for tests.
+
+Binaries come from scripts/build-otel-binaries.sh, which builds them from the
+Go module proxy into ``${OTEL_VERL_BIN_CACHE:-~/.cache/otel_verl/bin}``:
+
+* ``jaeger``  - Jaeger v2.13 (memory storage, OTLP in, /api/v3 query API)
+* ``otelcol`` - minimal OpenTelemetry Collector (otlp, otlp_json_file,
+  batch, debug, otlp_grpc, otlp_http, file)
+
+When a binary is missing, the script runs first if ``OTEL_VERL_BUILD_BINARIES=1``
+or ``CI=true``. If it is still unavailable, tests fail under CI and are skipped
+elsewhere (``require_binary``).
+
+Reusable pieces for end-to-end tests: ``free_ports``, ``wait_for_port``,
+``wait_for_http``, ``ManagedProcess`` and the fixtures ``jaeger_server``
+(Jaeger on free loopback ports) and ``otelcol_factory`` (start collectors with
+a config file and env overrides). Import the fixtures into a test module (or
+a conftest.py) to use them::
+
+    from otel_binaries import jaeger_server, otelcol_factory  # noqa: F401
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-otel-binaries.sh"
+CONFIG_DIR = REPO_ROOT / "collector-config"
+BINARIES = ("jaeger", "otelcol")
+# A cold build of both on 2 cores takes several minutes.
+BUILD_TIMEOUT_S = float(os.environ.get("OTEL_VERL_BUILD_TIMEOUT", "3000"))
+
+_build_error: dict[str, str] = {}  # binary -> why the build failed (once per session)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def bin_dir() -> Path:
+    """Cache dir the build script writes to (same default as the script)."""
+    d = os.environ.get("OTEL_VERL_BIN_CACHE")
+    return Path(d) if d else Path.home() / ".cache" / "otel_verl" / "bin"
+
+
+def _want_build() -> bool:
+    return in_ci() or os.environ.get("OTEL_VERL_BUILD_BINARIES", "") == "1"
+
+
+def _build(name: str) -> str | None:
+    """Run the build script for ``name``; return an error text or None."""
+    if name in _build_error:
+        return _build_error[name]
+    bin_dir().mkdir(parents=True, exist_ok=True)
+    # Serialise builds across processes (pytest-xdist workers, parallel runs).
+    with open(bin_dir() / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (bin_dir() / name).is_file():
+            return None
+        try:
+            res = subprocess.run(
+                ["bash", str(BUILD_SCRIPT), name],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            err = f"{BUILD_SCRIPT} {name}: {e}"
+        else:
+            err = None if res.returncode == 0 else (
+                f"{BUILD_SCRIPT} {name} exited {res.returncode}:\n{res.stderr[-3000:]}"
+            )
+    if err:
+        _build_error[name] = err
+    return err
+
+
+def find_binary(name: str) -> tuple[str | None, str]:
+    """Return (path, "") or (None, reason it is unavailable)."""
+    assert name in BINARIES, name
+    path = bin_dir() / name
+    if path.is_file() and os.access(path, os.X_OK):
+        return str(path), ""
+    if not _want_build():
+        return None, (
+            f"{path} not built; run scripts/build-otel-binaries.sh "
+            "(or set OTEL_VERL_BUILD_BINARIES=1 to build it from the test)"
+        )
+    err = _build(name)
+    if err is None and path.is_file():
+        return str(path), ""
+    return None, err or f"build script ran but {path} is missing"
+
+
+def require_binary(name: str) -> str:
+    """Path of ``name``; pytest.fail under CI, pytest.skip elsewhere."""
+    path, reason = find_binary(name)
+    if path is None:
+        if in_ci():
+            pytest.fail(f"{name} binary unavailable: {reason}", pytrace=False)
+        pytest.skip(f"{name} binary unavailable: {reason}")
+    return path
+
+
+# --------------------------------------------------------------------------
+# Ports and readiness
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free TCP ports (all held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return free_ports(1, host)[0]
+
+
+def wait_for_port(host: str, port: int, timeout: float = 30.0, proc: "ManagedProcess | None" = None) -> None:
+    """Wait until ``host:port`` accepts TCP connections."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None:
+            proc.check_alive()
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{host}:{port} not accepting connections after {timeout}s"
+                                   + (f"\n{proc.log_tail()}" if proc else ""))
+            time.sleep(0.1)
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET ``url``; returns (status, body) also for HTTP error statuses."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def wait_for_http(url: str, timeout: float = 30.0, proc: "ManagedProcess | None" = None,
+                  ok=(200,)) -> bytes:
+    """Poll ``url`` until it answers with a status in ``ok``; return the body."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        if proc is not None:
+            proc.check_alive()
+        try:
+            status, body = http_get(url, timeout=2.0)
+            if status in ok:
+                return body
+            last = f"HTTP {status}: {body[:200]!r}"
+        except OSError as e:
+            last = repr(e)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not ready after {timeout}s ({last})"
+                               + (f"\n{proc.log_tail()}" if proc else ""))
+        time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------
+# Processes
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with its output in a log file; stop() is idempotent."""
+
+    args: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = field(default=None, init=False)
+
+    def start(self) -> "ManagedProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **(self.env or {})}, cwd=REPO_ROOT,
+                start_new_session=True,  # its own process group: signals don't hit pytest
+            )
+        return self
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return f"--- {self.log_path} (tail) ---\n{text[-n:]}"
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.args[0]} exited with {self.proc.returncode}\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (collectors flush and shut down cleanly), then SIGKILL."""
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        return p.returncode
+
+    def __enter__(self) -> "ManagedProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------
+# Jaeger
+
+
+@dataclass
+class JaegerServer:
+    process: ManagedProcess
+    otlp_grpc_port: int
+    otlp_http_port: int
+    query_http_port: int
+    host: str = "127.0.0.1"
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:  # host:port, as collector exporters want it
+        return f"{self.host}:{self.otlp_grpc_port}"
+
+    @property
+    def query_url(self) -> str:
+        return f"http://{self.host}:{self.query_http_port}"
+
+    def get_trace(self, trace_id: str) -> dict | None:
+        """OTLP-JSON ``{"resourceSpans": [...]}`` of a trace, or None (404)."""
+        status, body = http_get(f"{self.query_url}/api/v3/traces/{trace_id}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"Jaeger /api/v3/traces/{trace_id}: HTTP {status} {body[:300]!r}")
+        return json.loads(body)["result"]
+
+    def wait_for_trace(self, trace_id: str, min_spans: int = 1, timeout: float = 30.0) -> dict:
+        """Poll until the trace has at least ``min_spans`` spans."""
+        deadline = time.monotonic() + timeout
+        found = 0
+        while True:
+            self.process.check_alive()
+            trace = self.get_trace(trace_id)
+            found = len(span_ids(trace)) if trace else 0
+            if found >= min_spans:
+                return trace
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trace {trace_id}: {found}/{min_spans} spans in Jaeger after {timeout}s")
+            time.sleep(0.25)
+
+
+def span_ids(otlp_json: dict | None) -> set[str]:
+    """Hex span ids in an OTLP-JSON TracesData object."""
+    out = set()
+    for rs in (otlp_json or {}).get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            out.update(s["spanId"] for s in ss.get("spans", []))
+    return out
+
+
+def start_jaeger(workdir: Path, config: Path | None = None) -> JaegerServer:
+    """Start Jaeger on free loopback ports with collector-config/jaeger.yaml
+    (ports set through its env variables) or another config; wait until its
+    query API answers."""
+    binary = require_binary("jaeger")
+    grpc, http, q_http, q_grpc, health = free_ports(5)
+    env = {
+        "JAEGER_LISTEN_HOST": "127.0.0.1",
+        "JAEGER_OTLP_GRPC_PORT": str(grpc),
+        "JAEGER_OTLP_HTTP_PORT": str(http),
+        "JAEGER_QUERY_HTTP_PORT": str(q_http),
+        "JAEGER_QUERY_GRPC_PORT": str(q_grpc),
+        "JAEGER_HEALTH_PORT": str(health),
+    }
+    cfg = config or CONFIG_DIR / "jaeger.yaml"
+    proc = ManagedProcess([binary, "--config", str(cfg)], workdir / "jaeger.log", env).start()
+    server = JaegerServer(proc, grpc, http, q_http)
+    try:
+        wait_for_http(f"{server.query_url}/api/v3/services", timeout=60, proc=proc)
+        wait_for_port("127.0.0.1", grpc, timeout=30, proc=proc)
+    except BaseException:
+        proc.stop()
+        raise
+    return server
+
+
+# --------------------------------------------------------------------------
+# Collector
+
+
+@dataclass
+class Collector:
+    process: ManagedProcess
+    grpc_port: int
+    http_port: int
+    env: dict[str, str]
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+def start_otelcol(config: Path, workdir: Path, env: dict[str, str] | None = None,
+                  wait: bool = True) -> Collector:
+    """Start otelcol with ``config``; its OTLP receivers on free loopback ports
+    (OTELCOL_GRPC_ENDPOINT / OTELCOL_HTTP_ENDPOINT), plus ``env`` overrides."""
+    binary = require_binary("otelcol")
+    grpc, http = free_ports(2)
+    full_env = {
+        "OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
+        "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{http}",
+        **(env or {}),
+    }
+    proc = ManagedProcess([binary, "--config", str(config)],
+                          workdir / f"otelcol-{Path(config).stem}.log", full_env).start()
+    col = Collector(proc, grpc, http, full_env)
+    if wait:
+        try:
+            wait_for_port("127.0.0.1", http, timeout=30, proc=proc)
+            wait_for_port("127.0.0.1", grpc, timeout=30, proc=proc)
+        except BaseException:
+            proc.stop()
+            raise
+    return col
+
+
+# --------------------------------------------------------------------------
+# Fixtures (import them into a test module or conftest.py)
+
+
+@pytest.fixture
+def jaeger_server(tmp_path):
+    """A fresh Jaeger (memory storage) on free loopback ports."""
+    server = start_jaeger(tmp_path)
+    yield server
+    server.process.stop()
+
+
+@pytest.fixture
+def otelcol_factory(tmp_path):
+    """``start(config, env=None) -> Collector``; all are stopped at teardown."""
+    with ExitStack() as stack:
+        def start(config, env=None, wait=True):
+            col = start_otelcol(Path(config), tmp_path, env, wait)
+            stack.callback(col.process.stop)
+            return col
+        yield start

@@ -1,0 +1,119 @@
+"""Activation in every process: runtime env, Hydra overrides, the launcher, the disabled path."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from otel_verl import activation, settings
+from otel_verl.cli import launch_env
+
+
+def test_runtime_env_adds_hook_and_forwards_tracing_variables():
+    env = {"VERL_TRACE_DIR": "/t", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_VERL_RUN_ID": "r1",
+           "DLC_JOB_ID": "job", "HOME": "/root", "SECRET_TOKEN": "x"}
+    out = activation.runtime_env({"env_vars": {"OTEL_VERL_RUN_ID": "mine"}, "pip": ["x"]}, env=env)
+    assert out["worker_process_setup_hook"] == "otel_verl.activation.worker_setup"
+    assert out["pip"] == ["x"]
+    assert out["env_vars"] == {"VERL_TRACE_DIR": "/t", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+                               "OTEL_VERL_RUN_ID": "mine", "DLC_JOB_ID": "job"}  # nothing else leaks
+
+
+def test_runtime_env_keeps_a_users_own_hook(caplog):
+    out = activation.runtime_env({"worker_process_setup_hook": "theirs.setup"}, env={})
+    assert out["worker_process_setup_hook"] == "theirs.setup"
+    assert "self-activation" in caplog.text
+
+
+def test_hydra_overrides_quote_values_hydra_would_split():
+    lines = activation.hydra_overrides({"VERL_TRACE_DIR": "/data/trace", "OTEL_RESOURCE_ATTRIBUTES": "a=1,b=2"})
+    assert lines[0] == "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=otel_verl.activation.worker_setup"
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_TRACE_DIR=/data/trace" in lines
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.OTEL_RESOURCE_ATTRIBUTES='a=1,b=2'" in lines
+
+
+def test_launch_env_puts_sitecustomize_first_and_fixes_run_id(tmp_path):
+    env = launch_env({"PYTHONPATH": "/x"}, str(tmp_path))
+    first = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert os.path.isfile(os.path.join(first, "sitecustomize.py"))
+    assert env["PYTHONPATH"].endswith(os.pathsep + "/x")
+    assert env["VERL_TRACE_DIR"] == str(tmp_path)
+    assert env["OTEL_VERL_RUN_ID"]
+
+
+def test_bad_switch_value_is_a_clear_user_error():
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_FLOW_STDOUT='maybe'"):
+        settings.load({"OTEL_VERL_FLOW_STDOUT": "maybe"})
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_JSONL_MAX_MB"):
+        settings.load({"OTEL_VERL_JSONL_MAX_MB": "-3"})
+
+
+def test_cli_run_rejects_bad_config_without_traceback():
+    env = {**os.environ, "OTEL_VERL_FLOW_STDOUT": "maybe"}
+    proc = subprocess.run([sys.executable, "-m", "otel_verl.cli", "run", "--", "true"], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "OTEL_VERL_FLOW_STDOUT" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_disabled_process_installs_nothing_and_builds_no_provider():
+    code = textwrap.dedent("""
+        import sys
+        from otel_verl import activation, bootstrap
+        from otel_verl.instrumentation import hooks
+        assert activation.activate() is False
+        assert bootstrap.configure() is False
+        assert hooks.status() == {}
+        assert not bootstrap.is_configured()
+        assert not any(m in sys.modules for m in ("verl", "torch", "ray")), [m for m in ("verl","torch","ray") if m in sys.modules]
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+LAUNCHED = textwrap.dedent("""
+    import os, ray
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class Nested:
+        def probe(self):
+            from otel_verl import activation
+            return activation.setup_hook_calls, activation.is_active(), os.environ.get("OTEL_VERL_RUN_ID")
+
+    @ray.remote(num_cpus=0)
+    class Parent:
+        def probe(self):
+            from otel_verl import activation
+            child = Nested.remote()
+            return (activation.setup_hook_calls, activation.is_active(), os.environ.get("OTEL_VERL_RUN_ID"),
+                    ray.get(child.probe.remote()))
+
+    from otel_verl import activation
+    print("DRIVER", activation.is_active(), os.environ["OTEL_VERL_RUN_ID"])
+    print("ACTORS", ray.get(Parent.remote().probe.remote()))
+    ray.shutdown()
+    raise SystemExit(7)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_launcher_activates_driver_actor_and_nested_actor(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(LAUNCHED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "OTEL_VERL_RUN_ID": "launch-1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_verl.cli", "run", "--trace-dir", str(tmp_path / "trace"), "--", sys.executable, str(script)],
+        env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert proc.returncode == 7, proc.stderr[-3000:]  # the command's exit code passes through
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("DRIVER", "ACTORS")))
+    assert lines["DRIVER"] == "True launch-1"
+    parent_calls, parent_active, parent_run, nested = eval(lines["ACTORS"])  # noqa: S307 - our own repr
+    assert (parent_calls, parent_active, parent_run) == (1, True, "launch-1")
+    assert tuple(nested) == (1, True, "launch-1")
