@@ -113,11 +113,8 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from otel_verl.version import __version__
 
     id_generator = UidIdGenerator()
-    tracer_provider = TracerProvider(
-        resource=_resource(role),
-        sampler=record_dropped_samples(),
-        id_generator=id_generator,
-    )
+    sampler = record_dropped_samples()
+    tracer_provider = TracerProvider(resource=_resource(role), sampler=sampler, id_generator=id_generator)
     for processor in _legacy_processors(cfg):
         tracer_provider.add_span_processor(processor)
         _legacy.append(processor)
@@ -133,7 +130,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     else:
         logger.info("otel_verl: a global TracerProvider is already installed; otel_verl keeps its own")
     tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, __version__)
-    events._install(events._Runtime(tracer, id_generator, cfg))
+    events._install(events._Runtime(tracer, id_generator, cfg, sampler))
     return tracer_provider
 
 
@@ -292,11 +289,13 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The SDK's BatchSpanProcessor restarts its own thread in the child; our writers
-    # notice the new pid themselves. Samples opened by the parent are the parent's.
+    # The SDK's BatchSpanProcessor and our writers restart their threads in the child
+    # themselves. Locks another thread held at fork time would never be released here,
+    # and the samples and step the parent opened are the parent's to end.
+    global _lock
+    _lock = threading.RLock()
     from otel_verl import events
 
-    if events._runtime is not None:
-        events._runtime.samples.drain()
+    events._after_fork_in_child()
 
 

@@ -51,10 +51,11 @@ from otel_verl.semconv import Kind, Outcome, Stage
 class _Runtime:
     """What :func:`otel_verl.bootstrap.configure` hands to the events API."""
 
-    def __init__(self, tracer: trace.Tracer, id_generator: Any, settings: Any) -> None:
+    def __init__(self, tracer: trace.Tracer, id_generator: Any, settings: Any, sampler: Any = None) -> None:
         self.tracer = tracer
         self.ids = id_generator
         self.settings = settings
+        self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.samples = _SampleRegistry(settings.max_open_samples)
 
 
@@ -80,11 +81,14 @@ def _now_ns() -> int:
 def _sample_root_context(uid: str) -> otel_context.Context:
     """Parent for a span of sample ``uid`` when no carrier came with it: the sample
     root's derived ids (see :func:`otel_verl.ids.root_span_id_for_uid`)."""
+    trace_id = trace_id_for_uid(uid)
+    sampler = getattr(_runtime, "sampler", None) if _runtime is not None else None
+    sampled = sampler.is_sampled(trace_id) if hasattr(sampler, "is_sampled") else True
     parent = SpanContext(
-        trace_id=trace_id_for_uid(uid),
+        trace_id=trace_id,
         span_id=root_span_id_for_uid(uid),
         is_remote=True,
-        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(parent))
 
@@ -150,6 +154,13 @@ def _end_sample_entry(entry: _SampleEntry, outcome: str) -> None:
     if entry.rollout is not None and entry.rollout.is_recording():
         _end(entry.rollout, outcome)
     _end(entry.root, outcome)
+
+
+def _after_fork_in_child() -> None:
+    global _open
+    _open = _OpenSpans()
+    if _runtime is not None:
+        _runtime.samples = _SampleRegistry(_runtime.settings.max_open_samples)
 
 
 def open_sample_count() -> int:

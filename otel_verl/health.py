@@ -84,3 +84,12 @@ def reset() -> None:
         _failures.clear()
         _dropped.clear()
         _reported.clear()
+
+
+def _reinit_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at fork time
+
+
+if hasattr(__import__("os"), "register_at_fork"):
+    __import__("os").register_at_fork(after_in_child=_reinit_lock_in_child)

@@ -45,16 +45,38 @@ class UidIdGenerator(RandomIdGenerator):
         return False
 
 
+_MASK_64 = (1 << 64) - 1
+_MIX = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd 128-bit constant (golden ratio based)
+
+
+def mixed_trace_id(trace_id: int) -> int:
+    """The trace id as ratio samplers should see it.
+
+    ``TraceIdRatioBased`` compares the low 64 bits with a bound, assuming they are
+    uniformly random. A uid's UUID4 bits are not: the variant bits sit at the top of the
+    low half, so a 0.5 ratio would keep nothing. A multiplicative hash spreads all 128
+    bits over the low half (random ids stay uniform) and is the same in every process.
+    """
+    return ((trace_id * _MIX) >> 64) & _MASK_64
+
+
 class RecordDroppedSamples(Sampler):
-    """``inner``'s decision, with DROP turned into RECORD_ONLY."""
+    """``inner``'s decision on the mixed trace id, with DROP turned into RECORD_ONLY."""
 
     def __init__(self, inner: Sampler) -> None:
         self._inner = inner
 
+    def is_sampled(self, trace_id: int) -> bool:
+        """The root decision for a trace (used where a parent must be synthesised)."""
+        result = self._inner.should_sample(None, mixed_trace_id(trace_id), "verl.sample")
+        return result.decision.is_sampled()
+
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
-        result = self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        result = self._inner.should_sample(parent_context, mixed_trace_id(trace_id), name, kind, attributes, links, trace_state)
         if result.decision is Decision.DROP:
-            return SamplingResult(Decision.RECORD_ONLY, result.attributes, result.trace_state)
+            # A dropping sampler returns no attributes, and the SDK gives a span the
+            # sampler's attributes: hand the caller's back so legacy outputs keep them.
+            return SamplingResult(Decision.RECORD_ONLY, attributes, result.trace_state)
         return result
 
     def get_description(self) -> str:

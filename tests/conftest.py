@@ -31,12 +31,13 @@ class Pipeline:
             sampler=record_dropped_samples(sampler),
             id_generator=self.ids,
         )
+        self.sampler = self.provider.sampler
         self.processors: List[Any] = list(processors)
         for p in self.processors:
             self.provider.add_span_processor(p)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.settings = settings.load(env or {"OTEL_VERL_ENABLED": "1"})
-        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), self.ids, self.settings))
+        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), self.ids, self.settings, self.sampler))
 
     def spans(self):
         return self.exporter.get_finished_spans()

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import pytest
 
@@ -122,7 +122,7 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def traj_dir(tmp_path, make_pipeline):
-    """(processor, trace_dir): a pipeline with only the JSONL processor."""
+    """(processor, trace_dir, pipeline): a pipeline with only the JSONL processor."""
     proc = TrajectoryJsonlProcessor(str(tmp_path), discovery_path=str(tmp_path / "discovery.txt"))
     pipeline = make_pipeline([proc])
     return proc, tmp_path, pipeline
@@ -266,6 +266,7 @@ def run_multi_turn_tool(clock, tok, *, mutate_in_place=False):
 def tokenizer(request):
     if request.param == "chars":
         return CharTokenizer()
+    pytest.importorskip("tokenizers")
     return BpeTokenizer([PROMPT0, COMPLETION0, OBSERVATION, TOOL_PREFIX, TOOL_SUFFIX, COMPLETION1] * 20)
 
 
@@ -319,9 +320,8 @@ def test_multi_turn_tool_trajectory(clock, traj_dir, tokenizer):
 
 
 def test_prompt_list_extended_in_place_keeps_each_turns_count(clock, traj_dir):
-    """ToolAgentLoop extends one prompt list in place: counts are taken at call time.
-    initial_prompt_text decodes turn 0's list as it is at the end, like the seed (which
-    also kept a reference), i.e. the whole conversation in that case."""
+    """ToolAgentLoop extends one prompt list in place: counts are taken at call time and
+    initial_prompt_text is the first turn's prompt, not the whole conversation."""
     proc, trace_dir, _ = traj_dir
     tok = CharTokenizer()
     prompt = run_multi_turn_tool(clock, tok, mutate_in_place=True)
@@ -330,7 +330,8 @@ def test_prompt_list_extended_in_place_keeps_each_turns_count(clock, traj_dir):
     turn0, turn1 = t["raw_message"]["turns"]
     assert turn0["prompt_token_count"] == len(tok.encode(PROMPT0))
     assert turn1["prompt_token_count"] == len(prompt)
-    assert t["raw_message"]["initial_prompt_text"] == tok.decode(prompt)
+    assert t["raw_message"]["initial_prompt_text"] == tok.decode(prompt[: turn0["prompt_token_count"]])
+    assert t["raw_message"]["initial_prompt_text"] == PROMPT0
 
 
 def test_observation_messages_are_joined_with_newlines(clock, traj_dir):

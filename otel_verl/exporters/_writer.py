@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
@@ -29,6 +30,13 @@ from otel_verl import health
 Render = Callable[[], Iterable[Tuple[str, str]]]  # -> (path, text made of whole lines)
 
 _FILE_MODE = 0o644  # ordinary permissions: never world-writable
+
+_live_writers: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+
+
+def _start_afresh_in_child() -> None:
+    for writer in list(_live_writers):
+        writer._after_fork_in_child()
 
 
 class BackgroundWriter:
@@ -47,6 +55,7 @@ class BackgroundWriter:
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
         self._dirs_made: set = set()
+        _live_writers.add(self)
 
     # ------------------------------------------------------------------ caller side
 
@@ -81,6 +90,19 @@ class BackgroundWriter:
         with self._cond:
             self._closed = True
             self._cond.notify()
+        self._close_fds()
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child starts empty: the jobs queued before the fork are the parent's
+        (its writer thread writes them; rendering them here would duplicate lines in the
+        child's files), and the lock may have been held by that thread at fork time."""
+        self._cond = threading.Condition()
+        self._jobs = deque()
+        self._pending_lines = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = None
+        self._pid = os.getpid()
         self._close_fds()
 
     # ------------------------------------------------------------------ writer thread
@@ -196,3 +218,7 @@ class BackgroundWriter:
     def _count_dropped(self, n_lines: int, reason: str) -> None:
         self.dropped_lines += n_lines
         health.record_dropped(self.output, n_lines, reason)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_start_afresh_in_child)

@@ -16,11 +16,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter
-from otel_verl.exporters.sample_csv import write_discovery_file
+from otel_verl.exporters.sample_csv import span_failed, write_discovery_file
 from otel_verl.record import record_of
 from otel_verl.semconv import Kind, Layout, Stage
 
@@ -128,11 +127,6 @@ def task_completed_line(span: Any, data: Any) -> str:
     return f"Task {uid}/{traj} is completed, score={score} status=Finished"
 
 
-def _failed(span: Any) -> bool:
-    status = getattr(span, "status", None)
-    return status is not None and status.status_code is StatusCode.ERROR
-
-
 class ProgressLogProcessor(SpanProcessor):
     """Prints the progress lines of this process's spans; files them under a trace dir."""
 
@@ -179,7 +173,7 @@ class ProgressLogProcessor(SpanProcessor):
                 return
             if record.kind is Kind.STEP:
                 self._step_trainers.pop(span.context.span_id, None)
-            elif _failed(span):  # the seed wrote "end"/"completed" lines only on success
+            elif span_failed(span):  # the seed wrote "end"/"completed" lines only on success
                 return
             elif record.kind is Kind.STEP_STAGE:
                 attrs = span.attributes or {}

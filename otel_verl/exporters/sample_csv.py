@@ -93,7 +93,7 @@ def sample_id(uid: str, traj: Any) -> str:
 
 
 def csv_line(cells: Sequence[Any]) -> str:
-    """One row as Python's ``csv.writer`` (default dialect) writes it, ``\r\n`` included."""
+    """One row as Python's ``csv.writer`` (default dialect) writes it, line end included."""
     buf = io.StringIO()
     csv.writer(buf).writerow(cells)
     return buf.getvalue()
@@ -104,6 +104,13 @@ def _needs_quoting(text: str) -> bool:
     return "," in text or '"' in text or "\r" in text or "\n" in text
 
 
+@functools.lru_cache(maxsize=64)
+def _quoted_cells(*cells: Any) -> str:
+    """``cells`` as csv.writer writes them, without the line end. Cached: the spans of one
+    batch stage share job id, status, timestamp and content."""
+    return csv_line(cells)[:-2]
+
+
 def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
     """The CSV text of ``groups``, byte-identical to ``csv.writer(f).writerow`` per row.
 
@@ -112,7 +119,7 @@ def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
     several microseconds a row; a batch stage is 16k rows). A digit traj never needs
     quoting, so a row needs ``csv.writer`` only when its uid does.
     """
-    head = csv_line((job_id, "sample"))[:-2] + ","
+    head = _quoted_cells(job_id, "sample") + ","
     out: List[str] = []
     for rows in groups:
         status = "COMPLETE" if rows.stage in _COMPLETE_STAGES else "RUNNING"
@@ -122,7 +129,7 @@ def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
         if _needs_quoting(uid):
             out.extend(csv_line((job_id, "sample", sample_id(uid, t), status, ts_ms, content)) for t in rows.trajs)
             continue
-        tail = "," + csv_line((status, ts_ms, content))
+        tail = "," + _quoted_cells(status, ts_ms, content) + "\r\n"
         by_index, not_index = f"{head}{uid}/", f"{head}{uid}/sample{tail}"
         trajs = [str(t) for t in rows.trajs]
         if all(map(str.isdigit, trajs)):  # the common case: one join for the whole group
@@ -147,8 +154,8 @@ def _trainer(attrs: Any) -> str:
     return str(attrs.get(sc.TRAINER) or DEFAULT_TRAINER)
 
 
-def _failed(span: Any) -> bool:
-    # The seed wrote "done" rows only after the step succeeded.
+def span_failed(span: Any) -> bool:
+    # The seed wrote its "done" rows after the work returned, so a failed call writes none.
     status = getattr(span, "status", None)
     return status is not None and status.status_code is StatusCode.ERROR
 
@@ -415,7 +422,7 @@ class SampleCsvProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             record = record_of(span)
-            if record is None or self._validation.left(span) or _failed(span):
+            if record is None or self._validation.left(span) or span_failed(span):
                 return
             build = _ON_END.get(record.kind)
             if build is not None:

@@ -141,11 +141,18 @@ _Decode = Optional[Callable[..., str]]
 _Encode = Optional[Callable[..., List[int]]]
 
 
+def _first_prompt(turn: Any) -> Any:
+    count = getattr(turn, "prompt_token_count", None)
+    return turn.prompt_ids[:count] if count is not None else turn.prompt_ids
+
+
 def trajectory_line(data: TrajectoryData) -> str:
     """The JSONL line (without newline) for one finished trajectory."""
     decode, encode = data.decode, data.encode
     turns = data.turns
-    initial_prompt_text = _decode(decode, turns[0].prompt_ids) if turns else None
+    # The contract's "first turn's prompt": ToolAgentLoop extends one prompt list in place,
+    # so cut it back to the length it had when turn 0 was sent.
+    initial_prompt_text = _decode(decode, _first_prompt(turns[0])) if turns else None
     # Key order is the contract (the seed's dataclass field order minus dropped fields).
     rest = {
         "request_id": str(data.traj_uid),

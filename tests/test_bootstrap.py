@@ -1,0 +1,131 @@
+"""configure(): once per process, fork-safe, the embedded OTLP-JSON default, and per-sample
+sampling that leaves the legacy outputs complete. Each case runs in a fresh interpreter:
+configure() installs process-wide state (the global TracerProvider)."""
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+from otel_verl.exporters.otlp_json_file import spans_from_files
+
+CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
+
+
+def _run(code: str, env: dict) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def _csv_rows(trace_dir):
+    rows = []
+    for path in glob.glob(os.path.join(trace_dir, "sample", "*.csv")):
+        with open(path, newline="") as f:
+            rows.extend(dict(zip(CSV_HEADERS, r)) for r in csv.reader(f))
+    return rows
+
+
+def test_configure_is_idempotent_and_builds_the_embedded_default(tmp_path):
+    out = _run("""
+        from opentelemetry import trace
+        import otel_verl
+        from otel_verl import bootstrap, events
+        assert otel_verl.configure() is True
+        provider = bootstrap.provider()
+        assert otel_verl.configure() is True and bootstrap.provider() is provider
+        assert trace.get_tracer_provider() is provider
+        events.samples_created(["u-1"], step=1, trainer="RayPPOTrainer")
+        events.samples_finished(["u-1"], "trained")
+        otel_verl.shutdown()
+        print(sorted(provider.resource.attributes.items()))
+    """, {"VERL_TRACE_DIR": str(tmp_path), "OTEL_SERVICE_NAME": "grpo-job", "OTEL_VERL_RUN_ID": "run-9",
+          "OTEL_VERL_ROLE": "trainer"})
+    resource = dict(eval(out))  # noqa: S307 - our own repr
+    assert resource["service.name"] == "grpo-job"
+    assert resource["verl.run_id"] == "run-9"
+    assert resource["verl.role"] == "trainer"
+    assert resource["process.pid"] > 0 and resource["host.name"]
+    spans = spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))
+    assert [s["name"] for s in spans] == ["verl.sample"]
+    assert spans[0]["traceId"] == "%032x" % otel_verl_trace_id("u-1")
+    assert [r["content"] for r in _csv_rows(tmp_path)] == ["from=DataLoader|to=RayPPOTrainer|stage=DATA_PREPROCESS|global_step=1|detail=uid_generated"]
+
+
+def otel_verl_trace_id(uid):
+    from otel_verl.ids import trace_id_for_uid
+
+    return trace_id_for_uid(uid)
+
+
+def test_configure_works_after_fork_and_each_process_writes_its_own_files(tmp_path):
+    out = _run("""
+        import os
+        import otel_verl
+        from otel_verl import events
+        assert otel_verl.configure()
+        events.samples_created(["parent-uid"], step=1, trainer="RayPPOTrainer")
+        pid = os.fork()
+        if pid == 0:
+            ok = otel_verl.configure()
+            events.samples_created(["child-uid"], step=1, trainer="RayPPOTrainer")
+            otel_verl.shutdown()
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        otel_verl.shutdown()
+        print(os.getpid(), pid, status)
+    """, {"VERL_TRACE_DIR": str(tmp_path)})
+    parent, child, status = map(int, out.split())
+    assert status == 0
+    files = {os.path.basename(p) for p in glob.glob(str(tmp_path / "sample" / "*.csv"))}
+    assert any(f.endswith(f"-pid{child}.csv") for f in files) and any(f.endswith(f"-pid{parent}.csv") for f in files)
+    by_file = {}
+    for path in glob.glob(str(tmp_path / "sample" / "*.csv")):
+        with open(path, newline="") as f:
+            by_file[os.path.basename(path)] = [r[2] for r in csv.reader(f)]
+    child_rows = next(v for k, v in by_file.items() if k.endswith(f"-pid{child}.csv"))
+    parent_rows = next(v for k, v in by_file.items() if k.endswith(f"-pid{parent}.csv"))
+    assert child_rows == ["child-uid/sample"]
+    assert parent_rows == ["parent-uid/sample"]  # rows the parent wrote before fork are not duplicated
+
+
+def test_unsampled_samples_skip_otlp_but_reach_legacy_outputs(tmp_path):
+    uids = [str(uuid.uuid4()) for _ in range(60)]
+    _run(f"""
+        import otel_verl
+        from otel_verl import events
+        otel_verl.configure()
+        uids = {uids!r}
+        events.samples_created(uids, step=1, trainer="RayPPOTrainer")
+        for uid in uids:
+            with events.trajectory(uid, "0", step=1, agent_name="single_turn_agent"):
+                with events.agent_run("SingleTurnAgentLoop"):
+                    with events.llm_call([1, 2, 3], model="tiny") as turn:
+                        turn.finish([4, 5], stop_reason="stop")
+        events.samples_finished(uids, "trained")
+        otel_verl.shutdown()
+    """, {"VERL_TRACE_DIR": str(tmp_path), "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+          "OTEL_TRACES_SAMPLER_ARG": "0.5"})
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    from otel_verl.ids import trace_id_for_uid
+    from otel_verl.sampling import record_dropped_samples
+
+    sampler = record_dropped_samples(TraceIdRatioBased(0.5))
+    expected = {u for u in uids if sampler.is_sampled(trace_id_for_uid(u))}
+    assert 0 < len(expected) < len(uids)
+    spans = spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))
+    exported_uids = {s["attributes"]["verl.uid"] for s in spans}
+    assert exported_uids == expected
+    assert all(len([s for s in spans if s["attributes"]["verl.uid"] == u]) == 4 for u in expected)  # sample, traj, run, chat
+    rows = _csv_rows(tmp_path)
+    assert {r["sample_id"].split("/")[0] for r in rows} == set(uids)  # legacy CSV: every sample
+    assert len(rows) == len(uids) * 5
