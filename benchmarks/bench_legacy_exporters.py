@@ -10,7 +10,10 @@ the first event until everything is on disk, then subtracts the cost of the same
 with no writer at all (span creation by the events API). stdout goes to /dev/null.
 
 Target: the sample CSV costs at most half the seed-like writer's CPU per row for batch
-stages, and drops nothing (the seed's queue of 10000 rows drops silently when full).
+stages, and drops nothing. The seed's queue of 10000 rows drops rows silently when its
+thread falls behind, and a dropped row skips the CSV thread, so the seed-like writer is
+also run with a queue that never fills: the ratio is taken against that one (the same
+work done), and the one against the 10000-row queue is printed beside it.
 """
 
 from __future__ import annotations
@@ -65,10 +68,10 @@ class SeedLikeFlowWriter(SpanProcessor):
     counted in ``dropped``), a background thread writing batches of up to 64 rows with
     ``csv.writer`` and flushing after each batch. Fed from the same sample-stage spans."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_queue: int = 10000) -> None:
         self.path = path
         self.dropped = 0
-        self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=10000)
+        self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._writer_loop, daemon=True, name="seed-flow-writer")
         self._thread.start()
 
@@ -253,14 +256,20 @@ def run_once(name: str, make: Callable[[str], Optional[SpanProcessor]], stream: 
 
 
 def measure(writers: List[Writer], stream: Callable[[], int], repeats: int) -> List[Result]:
-    """Best of ``repeats`` runs per writer; the writers take turns, so that load from
-    other jobs on a shared machine does not favour whichever ran first."""
+    """Best CPU time of ``repeats`` runs per writer (and the most rows it dropped in any
+    run); the writers take turns, so that load from other jobs on a shared machine does
+    not favour whichever ran first."""
     best: List[Optional[Result]] = [None] * len(writers)
+    most_dropped = [0] * len(writers)
     for _ in range(repeats):
         for i, (name, make, dropped) in enumerate(writers):
             result = run_once(name, make, stream, dropped)
+            most_dropped[i] = max(most_dropped[i], result.dropped)
             if best[i] is None or result.cpu_s < best[i].cpu_s:
                 best[i] = result
+    for result, dropped in zip(best, most_dropped):
+        if result is not None:
+            result.dropped = dropped  # the worst run: drops depend on how the threads were scheduled
     return [r for r in best if r is not None]
 
 
@@ -280,11 +289,11 @@ def print_table(title: str, unit: str, base: Result, rows: List[Result], referen
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=0, help="CSV rows per run (default: 5 stages x prompts x n)")
+    parser.add_argument("--rows", type=int, default=0, help="CSV rows per run, in whole passes of 5 stages x prompts x n (default: one pass)")
     parser.add_argument("--prompts", type=int, default=1024)
     parser.add_argument("--n", type=int, default=16, help="trajectories per prompt")
     parser.add_argument("--steps", type=int, default=200, help="training steps for the progress log")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per writer; the best CPU time counts")
+    parser.add_argument("--repeats", type=int, default=4, help="runs per writer; the best CPU time counts")
     parser.add_argument("--quick", action="store_true", help="a few seconds, for CI")
     args = parser.parse_args(argv)
     if args.quick:
@@ -294,12 +303,17 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     no_writer: Writer = ("no writer (events + spans)", lambda d: None, lambda p: 0)
     csv_stream = batch_stage_stream(args.prompts, args.n, passes)
-    base, ours, seed = measure([
+    base, ours, seed, seed_all = measure([
         no_writer,
         ("SampleCsvProcessor", lambda d: SampleCsvProcessor(d, discovery_path=None), lambda p: p.writer.dropped_lines),
         ("SeedLikeFlowWriter", lambda d: SeedLikeFlowWriter(os.path.join(d, "seed.csv")), lambda p: p.dropped),
+        # the same writer with a queue that never fills: what the seed costs when it
+        # writes every row (a dropped row skips the CSV thread, so drops look cheap)
+        ("SeedLikeFlowWriter no-drop", lambda d: SeedLikeFlowWriter(os.path.join(d, "seed.csv"), max_queue=0),
+         lambda p: p.dropped),
     ], csv_stream, args.repeats)
-    print_table(f"Sample-flow CSV, batch stages ({args.prompts} uids x {args.n} trajs)", "row", base, [ours, seed], seed)
+    print_table(f"Sample-flow CSV, batch stages ({args.prompts} uids x {args.n} trajs)", "row", base,
+                [ours, seed, seed_all], seed_all)
 
     pbase, pours, pseed = measure([
         no_writer,
@@ -308,10 +322,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ], step_stream(args.steps), args.repeats)
     print_table(f"Progress log ({args.steps} steps)", "line", pbase, [pours, pseed], pseed)
 
-    ratio = (ours.cpu_s - base.cpu_s) / max(seed.cpu_s - base.cpu_s, 1e-9)
+    ratio = (ours.cpu_s - base.cpu_s) / max(seed_all.cpu_s - base.cpu_s, 1e-9)
+    ratio_bounded = (ours.cpu_s - base.cpu_s) / max(seed.cpu_s - base.cpu_s, 1e-9)
     verdict = "meets" if ratio <= 0.5 and ours.dropped == 0 else "MISSES"
-    print(f"\nCSV batch stages: {ratio:.2f}x the seed-like writer's marginal CPU per row, {ours.dropped} rows dropped "
-          f"(seed-like: {seed.dropped}) -> {verdict} the target (<= 0.5x, 0 dropped)")
+    print(f"\nCSV batch stages: {ratio:.2f}x the seed-like writer's marginal CPU per row when it writes every row "
+          f"({ratio_bounded:.2f}x against its 10000-row queue, which dropped up to {seed.dropped} of {seed.units} rows); "
+          f"ours dropped {ours.dropped} -> {verdict} the target (<= 0.5x, 0 dropped)")
     return 0
 
 

@@ -53,6 +53,21 @@ def launch_env(base: "os._Environ[str] | dict", trace_dir: str | None = None) ->
 
 
 @main.command()
+@click.option("--trace-dir", type=click.Path(file_okay=False), required=True, help="Where every output goes.")
+@click.option("--steps", type=click.IntRange(1, 1000), default=2, show_default=True)
+@click.option("--prompts", type=click.IntRange(1, 4096), default=4, show_default=True, help="Prompts per step.")
+@click.option("--n", "n", type=click.IntRange(1, 64), default=4, show_default=True, help="Trajectories per prompt (rollout.n).")
+@click.option("--agent", type=click.Choice(["single", "tool"]), default="tool", show_default=True)
+def demo(trace_dir: str, steps: int, prompts: int, n: int, agent: str) -> None:
+    """Run a traced CPU demo: real verl (v0 trainer, agent loops, reward) on a local Ray
+    cluster with stand-ins for the GPU parts; writes every output to TRACE_DIR."""
+    from otel_verl.demo.traced import describe, run_demo
+
+    summary = run_demo(trace_dir, steps=steps, prompts=prompts, n=n, agent=agent)
+    click.echo(describe(summary))
+
+
+@main.command()
 def overrides() -> None:
     """Print the Hydra overrides that switch tracing on for verl.trainer.main_ppo."""
     from otel_verl.activation import hydra_overrides

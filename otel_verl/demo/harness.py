@@ -139,6 +139,12 @@ def harness_overrides(
         f"trainer.rollout_data_dir={os.path.join(output_dir, 'rollout')}",
         f"trainer.validation_data_dir={os.path.join(output_dir, 'validation')}",
     ]
+    if adv_estimator == "gae":  # the critic (a stand-in too) reads the same stand-in model
+        overrides += [
+            f"critic.model.path={model_dir}",
+            f"critic.model.tokenizer_path={model_dir}",
+            f"critic.ppo_micro_batch_size_per_gpu={micro}",
+        ]
     if agent == "tool":
         overrides += [
             "actor_rollout_ref.rollout.multi_turn.enable=True",

@@ -304,7 +304,7 @@ class RolloutReplicaStandIn(RolloutReplica):
     """verl ``RolloutReplica`` whose ``launch_servers`` starts an :class:`LLMServerStandIn` actor.
 
     ``server_cls`` may be any class with ``LLMServerStandIn``'s constructor and methods (the
-    harness also uses :class:`otel_verl.demo.sglang_standin.SGLangHttpServerHostStandIn`).
+    harness also uses ``otel_verl.demo.sglang_standin.SGLangHttpServerStandIn``).
     """
 
     def __init__(self, *args: Any, server_cls: Any = None, server_kwargs: Optional[dict] = None, **kwargs: Any):

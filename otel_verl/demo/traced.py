@@ -1,0 +1,97 @@
+"""``otel-verl demo``: the CPU harness (real verl on a real local Ray cluster, stand-ins
+only for GPU parts) with tracing switched on exactly as a user would switch it on.
+
+Everything goes to the trace dir: the legacy files (``sample/``, ``progress/``,
+``trajectory/``), the embedded OTLP-JSON spans (``otlp/``) and the harness's own
+working files (``harness/``). With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans are also
+exported over OTLP.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import uuid
+from typing import Any, Dict, Optional
+
+
+def run_demo(
+    trace_dir: str,
+    *,
+    steps: int = 2,
+    prompts: int = 4,
+    n: int = 4,
+    agent: str = "tool",
+    server: str = "sglang",
+    validate: bool = True,
+    extra_env: Optional[Dict[str, str]] = None,
+) -> Dict[str, Any]:
+    """Run the traced demo and return the harness summary plus where the outputs are."""
+    trace_dir = os.path.abspath(trace_dir)
+    os.makedirs(trace_dir, exist_ok=True)
+    os.environ["VERL_TRACE_DIR"] = trace_dir
+    os.environ.setdefault("OTEL_VERL_RUN_ID", f"demo-{uuid.uuid4().hex[:12]}")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.update(extra_env or {})
+
+    from otel_verl import activation, bootstrap
+    from otel_verl.demo.harness import run_v0
+
+    activation.activate()  # this process (the driver) too, as `otel-verl run` would
+    summary = run_v0(
+        os.path.join(trace_dir, "harness"),
+        steps=steps,
+        prompts=prompts,
+        n=n,
+        agent=agent,
+        server=server,
+        validate=validate,
+        trainer_in_actor=True,
+        runtime_env=activation.runtime_env(),
+    )
+    bootstrap.shutdown()
+    summary["outputs"] = outputs(trace_dir)
+    summary["run_id"] = os.environ["OTEL_VERL_RUN_ID"]
+    return summary
+
+
+def outputs(trace_dir: str) -> Dict[str, Any]:
+    """The files a traced run left in ``trace_dir``, by kind."""
+
+    def files(pattern: str) -> list:
+        return sorted(glob.glob(os.path.join(trace_dir, pattern)))
+
+    return {
+        "sample_csv": files("sample/*.csv"),
+        "progress": files("progress/*.log"),
+        "trajectory_jsonl": files("trajectory/*.jsonl"),
+        "otlp_json": files("otlp/*.jsonl"),
+    }
+
+
+def describe(summary: Dict[str, Any]) -> str:
+    """A short human summary: what ran and where the outputs are."""
+    out = summary["outputs"]
+
+    def lines(paths: list) -> int:
+        total = 0
+        for path in paths:
+            with open(path, "rb") as f:
+                total += sum(1 for _ in f)
+        return total
+
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+
+    spans = spans_from_files(out["otlp_json"]) if out["otlp_json"] else []
+    traces = {s["traceId"] for s in spans}
+    config = summary.get("config", {})
+    rows = [
+        f"run id: {summary.get('run_id')}",
+        f"ran: {config.get('steps')} steps x {config.get('prompts')} prompts x n={config.get('n')} ({config.get('agent')} agent)",
+        f"spans: {len(spans)} in {len(traces)} traces -> {os.path.dirname(out['otlp_json'][0]) if out['otlp_json'] else '-'}",
+        f"sample-flow CSV rows: {lines(out['sample_csv'])} in {len(out['sample_csv'])} files",
+        f"progress lines: {lines(out['progress'])} in {len(out['progress'])} files",
+        f"trajectory JSONL lines: {lines(out['trajectory_jsonl'])} in {len(out['trajectory_jsonl'])} files",
+    ]
+    return "\n".join(rows)
