@@ -109,12 +109,18 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_verl import events
-    from otel_verl.sampling import UidIdGenerator, record_dropped_samples
+    from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
     from otel_verl.version import __version__
 
     id_generator = UidIdGenerator()
     sampler = record_dropped_samples()
-    tracer_provider = TracerProvider(resource=_resource(role), sampler=sampler, id_generator=id_generator)
+    tracer_provider = TracerProvider(
+        resource=_resource(role),
+        sampler=sampler,
+        id_generator=id_generator,
+        # a raising span processor is counted (health), never raised into training code
+        active_span_processor=IsolatingSpanProcessor(),
+    )
     for processor in _legacy_processors(cfg):
         tracer_provider.add_span_processor(processor)
         _legacy.append(processor)

@@ -81,12 +81,14 @@ _activation_cache: Optional[Dict[str, str]] = None
 
 def _activation_env() -> Optional[Dict[str, str]]:
     """The settings a carrier takes along for self-activation (one shared dict object,
-    so a pickled batch stores it once)."""
+    so a pickled batch stores it once). Never credentials: carriers travel inside data
+    that may be persisted (TransferQueue), so exporter headers and TLS key settings stay
+    in the Ray runtime env only (:func:`otel_verl.settings.carrier_env`)."""
     global _activation_cache
     if _activation_cache is None:
         from otel_verl import settings
 
-        _activation_cache = settings.forwarded_env()
+        _activation_cache = settings.carrier_env()
     return _activation_cache
 
 

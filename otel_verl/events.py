@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -76,6 +77,32 @@ def enabled() -> bool:
 
 def _now_ns() -> int:
     return time.time_ns()
+
+
+def _text(value: Any) -> str:
+    """Free text bound for an attribute or span name (names, labels; ids: ``id_str``)."""
+    s = value if isinstance(value, str) else str(value)
+    return s if len(s) <= sc.MAX_TEXT_CHARS else s[: sc.MAX_TEXT_CHARS]
+
+
+def _capturing_content() -> bool:
+    """Message content goes on spans only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT opts in."""
+    rt = _runtime
+    return rt is not None and bool(getattr(rt.settings, "capture_content", False))
+
+
+def _content(value: Any) -> str:
+    s = value if isinstance(value, str) else str(value)
+    return s if len(s) <= sc.MAX_CONTENT_CHARS else s[: sc.MAX_CONTENT_CHARS]
+
+
+def _messages_json(role: str, text: str, finish_reason: Optional[str] = None) -> str:
+    """One GenAI message (``gen_ai.input.messages`` / ``gen_ai.output.messages`` shape) as
+    a JSON string, its text bounded by ``MAX_CONTENT_CHARS``."""
+    message: Dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": _content(text)}]}
+    if finish_reason is not None:
+        message["finish_reason"] = _text(finish_reason)
+    return json.dumps([message], ensure_ascii=False)
 
 
 def _sample_root_context(uid: str) -> otel_context.Context:
@@ -379,9 +406,18 @@ def is_validating() -> bool:
 
 
 def _skip_validation(validate: Optional[bool]) -> bool:
-    if validate is None:
-        validate = _validating.get()
-    return bool(validate) and not _runtime.settings.trace_validation
+    return _is_validation(validate) and not _runtime.settings.trace_validation
+
+
+def _is_validation(validate: Optional[bool]) -> bool:
+    return bool(_validating.get() if validate is None else validate)
+
+
+def _with_validate(attrs: Dict[str, Any], validate: Optional[bool]) -> Dict[str, Any]:
+    """Traced validation spans say so (legacy outputs skip them)."""
+    if _is_validation(validate):
+        attrs[sc.VALIDATE] = True
+    return attrs
 
 
 @health.guarded(default=None)
@@ -400,7 +436,7 @@ def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bo
             sc.SPAN_SAMPLE,
             Kind.SAMPLE,
             context=empty,
-            attributes={sc.UID: uid, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer},
+            attributes=_with_validate({sc.UID: uid, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer}, validate),
         )
         rt.samples.add(uid, _SampleEntry(span, int(step)))
 
@@ -416,7 +452,7 @@ def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[st
         entry = rt.samples.pop(uid)
         if entry is not None:
             if detail:
-                entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", detail)
+                entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", _text(detail))
             _end_sample_entry(entry, value)
 
 
@@ -477,13 +513,16 @@ def rollout_dispatched(
             Kind.ROLLOUT,
             data,
             context=_sample_parent(rt, uid),
-            attributes={
-                sc.UID: uid,
-                sc.GLOBAL_STEP: int(step),
-                sc.TRAINER: trainer,
-                sc.TRAJ_UIDS: data.traj_uids,
-                sc.WORKER_INDICES: data.worker_indices,
-            },
+            attributes=_with_validate(
+                {
+                    sc.UID: uid,
+                    sc.GLOBAL_STEP: int(step),
+                    sc.TRAINER: trainer,
+                    sc.TRAJ_UIDS: data.traj_uids,
+                    sc.WORKER_INDICES: data.worker_indices,
+                },
+                validate,
+            ),
         )
         entry = rt.samples.get(uid)
         if entry is not None:
@@ -548,7 +587,10 @@ def sample_stage_done(
             context=_sample_parent(rt, uid),
             links=links,
             start_time=start_ns,
-            attributes={sc.UID: uid, sc.TRAJ_UIDS: trajs, sc.STAGE: stage_value, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer},
+            attributes=_with_validate(
+                {sc.UID: uid, sc.TRAJ_UIDS: trajs, sc.STAGE: stage_value, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer},
+                validate,
+            ),
         )
         span.end(end_time=end_ns)
 
@@ -607,6 +649,7 @@ def trajectory(
     traj = None
     try:
         uid_s, traj_s = id_str(uid), id_str(traj_uid)
+        agent_name = _text(agent_name)
         parent_ctx = carriers.context_from(parent) if parent is not None else None
         if parent_ctx is None:
             parent_ctx = _sample_root_context(uid_s)
@@ -669,6 +712,7 @@ def agent_run(agent_loop_class: str) -> Iterator[None]:
     if traj is None:
         yield
         return
+    agent_loop_class = _text(agent_loop_class)
     traj.agent_loop_class = agent_loop_class
     span = _start_guarded(
         sc.SPAN_AGENT_RUN,
@@ -701,12 +745,13 @@ def trajectory_score(score: Any) -> None:
 class Turn:
     """What :func:`llm_call` yields: the caller reports the response through it."""
 
-    __slots__ = ("span", "data", "_carrier")
+    __slots__ = ("span", "data", "_carrier", "_decode")
 
-    def __init__(self, span: Any, data: Optional[TurnData]) -> None:
+    def __init__(self, span: Any, data: Optional[TurnData], decode: Any = None) -> None:
         self.span = span
         self.data = data
         self._carrier: Optional[Dict[str, str]] = None
+        self._decode = decode  # the tokenizer's decode, only when content capture is on
 
     def carrier(self) -> Dict[str, str]:
         """W3C headers of this turn's span, for the server side (``traceparent``...)."""
@@ -736,9 +781,24 @@ class Turn:
         count = output_tokens if output_tokens is not None else len(data.completion_ids)
         span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(count))
         if data.finish_reason:
-            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, (data.finish_reason,))
+            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, (_text(data.finish_reason),))
         for key, value in data.server_meta.items():
-            span.set_attribute(sc.LLM_SERVER_META_PREFIX + key, value)
+            span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
+        if self._decode is not None:
+            self._capture_content(span, data)
+
+    def _capture_content(self, span: Any, data: TurnData) -> None:
+        """Opt-in content: the decoded prompt and completion as GenAI messages."""
+        try:
+            count = data.prompt_token_count
+            prompt_ids = data.prompt_ids[:count] if count is not None else data.prompt_ids
+            prompt = self._decode(prompt_ids, skip_special_tokens=False)
+            completion = self._decode(data.completion_ids, skip_special_tokens=False)
+        except Exception as exc:
+            health.record_failure("events.capture_content", exc)
+            return
+        span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
+        span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
 
 
 _NULL_TURN = Turn(None, None)
@@ -761,32 +821,38 @@ def llm_call(
     if traj is None:
         yield _NULL_TURN
         return
-    data = TurnData(prompt_ids=prompt_ids, start_ts=time.time(), prompt_token_count=len(prompt_ids))
-    attrs: Dict[str, Any] = {
-        sc.GEN_AI_OPERATION_NAME: operation,
-        sc.GEN_AI_PROVIDER_NAME: provider,
-        sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
-        sc.UID: traj.data.uid,
-        sc.TRAJ_UID: traj.data.traj_uid,
-        sc.GLOBAL_STEP: traj.data.global_step,
-        sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
-    }
-    if model:
-        attrs[sc.GEN_AI_REQUEST_MODEL] = model
-    if request_id:
-        attrs[sc.LLM_REQUEST_ID] = request_id
-    if max_tokens is not None:
-        attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = int(max_tokens)
-    if temperature is not None:
-        attrs[sc.GEN_AI_REQUEST_TEMPERATURE] = float(temperature)
-    if top_p is not None:
-        attrs[sc.GEN_AI_REQUEST_TOP_P] = float(top_p)
+    try:
+        data = TurnData(prompt_ids=prompt_ids, start_ts=time.time(), prompt_token_count=len(prompt_ids))
+        operation, model = _text(operation), _text(model) if model else None
+        attrs: Dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: _text(provider),
+            sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
+            sc.UID: traj.data.uid,
+            sc.TRAJ_UID: traj.data.traj_uid,
+            sc.GLOBAL_STEP: traj.data.global_step,
+            sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
+        }
+        if model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = model
+        if request_id:
+            attrs[sc.LLM_REQUEST_ID] = _text(request_id)
+        if max_tokens is not None:
+            attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = int(max_tokens)
+        if temperature is not None:
+            attrs[sc.GEN_AI_REQUEST_TEMPERATURE] = float(temperature)
+        if top_p is not None:
+            attrs[sc.GEN_AI_REQUEST_TOP_P] = float(top_p)
+    except Exception as exc:  # malformed arguments: the call runs untraced
+        health.record_failure("events.llm_call", exc)
+        yield _NULL_TURN
+        return
     span = _start_guarded(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
     if span is None:
         yield _NULL_TURN
         return
     traj.data.turns.append(data)
-    turn = Turn(span, data)
+    turn = Turn(span, data, traj.data.decode if _capturing_content() else None)
     with current_span_scope(span), _set(_current_turn, turn):
         try:
             yield from _run_in_span(span, turn)
@@ -820,22 +886,30 @@ def observation(texts: Sequence[str]) -> None:
 
 
 @contextlib.contextmanager
-def tool_call(name: str, *, call_id: Optional[str] = None, tool_type: str = "function") -> Iterator[Any]:
-    """One tool execution of the current trajectory (GenAI ``execute_tool``)."""
+def tool_call(
+    name: str, *, call_id: Optional[str] = None, tool_type: str = "function", arguments: Any = None
+) -> Iterator[Any]:
+    """One tool execution of the current trajectory (GenAI ``execute_tool``).
+
+    ``arguments`` (the model's argument text) goes on the span only when content capture
+    is switched on (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
     traj = _active_traj()
     if traj is None:
         yield None
         return
+    name = _text(name)
     attrs = {
         sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
         sc.GEN_AI_TOOL_NAME: name,
-        sc.GEN_AI_TOOL_TYPE: tool_type,
+        sc.GEN_AI_TOOL_TYPE: _text(tool_type),
         sc.UID: traj.data.uid,
         sc.TRAJ_UID: traj.data.traj_uid,
         sc.GLOBAL_STEP: traj.data.global_step,
     }
     if call_id:
-        attrs[sc.GEN_AI_TOOL_CALL_ID] = call_id
+        attrs[sc.GEN_AI_TOOL_CALL_ID] = _text(call_id)
+    if arguments is not None and _capturing_content():
+        attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = _content(arguments)
     span = _start_guarded(sc.tool_span_name(name), Kind.TOOL, None, attrs)
     with current_span_scope(span):
         yield from _run_in_span(span)
@@ -894,7 +968,7 @@ class ServerCall:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.meta[str(key)] = value
                 if self.span is not None:
-                    self.span.set_attribute(sc.LLM_SERVER_META_PREFIX + str(key), value)
+                    self.span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
 
 
 _current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)
@@ -914,7 +988,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         sc.SPAN_LLM_SERVER,
         Kind.LLM_SERVER,
         parent,
-        {sc.LLM_REQUEST_ID: request_id, sc.GEN_AI_PROVIDER_NAME: provider},
+        {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
         kind=SpanKind.SERVER,
     )
     call = ServerCall(span, headers)

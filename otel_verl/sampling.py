@@ -6,7 +6,12 @@
   span it would drop is still recorded (``RECORD_ONLY``): legacy processors see every
   span, while BatchSpanProcessor exports only sampled ones.
 - :class:`DropCountingProcessor` counts spans the SDK's batch processor loses (queue
-  full) or its exporter fails to deliver: the SDK only logs those once.
+  full, still queued when its shutdown timed out) or its exporter fails to deliver: the
+  SDK only logs those once.
+- :class:`IsolatingSpanProcessor` is the provider's list of processors with each one's
+  exceptions counted instead of raised: the SDK's ``SynchronousMultiSpanProcessor`` calls
+  them in a row without catching, so one raising processor (ours or another library's)
+  would reach the traced code and keep the processors after it from seeing the span.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Optional, Sequence, Tuple
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, _get_from_env_or_default
@@ -139,6 +144,64 @@ class DropCountingProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self._bsp.shutdown()
+        # The SDK gives up after its shutdown timeout: whatever is still queued is lost.
+        left = len(self._queue) if self._queue is not None else 0
+        health.record_dropped(self._output, left, "not exported before the shutdown timeout (endpoint too slow?)")
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._bsp.force_flush(timeout_millis)
+
+
+class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
+    """Calls every processor in turn; a processor's exception is counted under
+    ``span_processor.{Class}.{method}`` and never reaches the span's caller or the
+    processors after it."""
+
+    def on_start(self, span, parent_context=None) -> None:
+        for sp in self._span_processors:
+            try:
+                sp.on_start(span, parent_context=parent_context)
+            except Exception as exc:
+                _processor_failed(sp, "on_start", exc)
+
+    def _on_ending(self, span) -> None:
+        for sp in self._span_processors:
+            try:
+                sp._on_ending(span)  # pylint: disable=protected-access
+            except Exception as exc:
+                _processor_failed(sp, "on_ending", exc)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        for sp in self._span_processors:
+            try:
+                sp.on_end(span)
+            except Exception as exc:
+                _processor_failed(sp, "on_end", exc)
+
+    def shutdown(self) -> None:
+        for sp in self._span_processors:
+            try:
+                sp.shutdown()
+            except Exception as exc:
+                _processor_failed(sp, "shutdown", exc)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        import time
+
+        deadline_ns = time.time_ns() + timeout_millis * 1_000_000
+        flushed = True
+        for sp in self._span_processors:
+            left_ms = (deadline_ns - time.time_ns()) // 1_000_000
+            if left_ms <= 0:
+                return False
+            try:
+                if sp.force_flush(left_ms) is False:
+                    flushed = False
+            except Exception as exc:
+                _processor_failed(sp, "force_flush", exc)
+                flushed = False
+        return flushed
+
+
+def _processor_failed(processor: Any, method: str, exc: BaseException) -> None:
+    health.record_failure(f"span_processor.{type(processor).__name__}.{method}", exc)

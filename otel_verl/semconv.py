@@ -83,6 +83,15 @@ GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in content
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # opt-in content
 ERROR_TYPE = "error.type"
 
+# --------------------------------------------------------------------------- bounds
+# Free text that reaches span attributes and names (agent, agent loop class, tool and model
+# names, call/request ids, stop reasons, outcome details, server meta keys) is cut to this
+# many characters; ids are cut the same in ``otel_verl.ids``.
+MAX_TEXT_CHARS = 256
+# Opt-in message content (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT): each message
+# text and tool-argument string is cut to this many characters before JSON encoding.
+MAX_CONTENT_CHARS = 8192
+
 OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"
 OP_INVOKE_AGENT = "invoke_agent"

@@ -129,3 +129,23 @@ def test_unsampled_samples_skip_otlp_but_reach_legacy_outputs(tmp_path):
     rows = _csv_rows(tmp_path)
     assert {r["sample_id"].split("/")[0] for r in rows} == set(uids)  # legacy CSV: every sample
     assert len(rows) == len(uids) * 5
+
+
+def test_a_provider_installed_first_by_another_library_is_left_alone(tmp_path):
+    out = _run("""
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        theirs = TracerProvider()  # e.g. sglang's, set in its server process first
+        trace.set_tracer_provider(theirs)
+        import otel_verl
+        from otel_verl import bootstrap, events
+        assert otel_verl.configure()
+        assert trace.get_tracer_provider() is theirs
+        assert bootstrap.provider() is not theirs
+        events.samples_created(["u-2"], step=3, trainer="RayPPOTrainer")
+        otel_verl.shutdown()
+        print("ok")
+    """, {"VERL_TRACE_DIR": str(tmp_path)})
+    assert out.strip() == "ok"
+    assert [r["sample_id"] for r in _csv_rows(tmp_path)] == ["u-2/sample"]
+    assert [s["name"] for s in spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))] == ["verl.sample"]

@@ -381,7 +381,8 @@ def init_ray(
     return True
 
 
-def _kill(handles: Sequence[Any]) -> None:
+def _kill(handles: Sequence[Any], wait_names: Sequence[str] = (), timeout_s: float = 30.0) -> None:
+    """Kill actors; wait until the named ones are gone so a next run on the same cluster can reuse the names."""
     import ray
 
     for handle in handles:
@@ -389,6 +390,14 @@ def _kill(handles: Sequence[Any]) -> None:
             ray.kill(handle, no_restart=True)
         except Exception:
             pass
+    deadline = time.time() + timeout_s
+    for name in wait_names:
+        while time.time() < deadline:
+            try:
+                ray.get_actor(name)
+            except ValueError:
+                break
+            time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +443,9 @@ def _fit(config: Any, *, server: str, server_kwargs: dict, file_log: str) -> Dic
             os.environ.pop("VERL_FILE_LOGGER_PATH", None)
         else:
             os.environ["VERL_FILE_LOGGER_PATH"] = previous
-        _kill(trainer.standin_actor_handles())
+        # RewardLoopManager names its workers reward_loop_worker_{i} (verl 0.9.1, reward_loop.py)
+        num_reward_workers = int(config.reward.get("num_workers", 0) or 0)
+        _kill(trainer.standin_actor_handles(), [f"reward_loop_worker_{i}" for i in range(num_reward_workers)])
     return result
 
 
@@ -525,6 +536,10 @@ def run_v0(
     t = time.time()
     started_ray = init_ray(num_cpus=num_cpus, runtime_env=runtime_env, log_to_driver=log_to_driver)
     ray_init_s = time.time() - t
+    if runtime_env and not started_ray:
+        import warnings
+
+        warnings.warn("Ray was already running: run_v0's runtime_env is not applied (the cluster's own is used)")
     if on_ray_init is not None:
         on_ray_init()
 

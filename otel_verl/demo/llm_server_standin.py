@@ -63,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import time
 from collections import OrderedDict
@@ -441,6 +442,8 @@ class LLMServerStandIn:
     def get_stats(self) -> Dict[str, Any]:
         return {
             **self.tokenizer_manager.stats,
+            "pid": os.getpid(),
+            "server_class": type(self).__name__,
             "replica_rank": self.replica_rank,
             "global_steps": self.global_steps,
             "global_steps_history": list(self.global_steps_history),
@@ -449,3 +452,36 @@ class LLMServerStandIn:
             "asleep": "weights" in self.tokenizer_manager.released_tags,
             "meta_info_recorded": len(self._meta_info),
         }
+
+
+def start_llm_server_standins(
+    config: Any,
+    *,
+    num_servers: int = 1,
+    latency_s: float = 0.05,
+    per_token_latency_s: float = 0.0005,
+) -> Tuple[Any, List[Any]]:
+    """Start ``num_servers`` :class:`LLMServerStandIn` actors behind verl's own load balancer.
+
+    For driving verl's agent loop without the trainer (``ray.remote(AgentLoopWorker)``).
+    ``config`` is the full trainer config (``actor_rollout_ref.rollout`` / ``.model`` are read).
+    Returns ``(client, server_handles)``: ``client`` is verl's ``LLMServerClient`` on the
+    ``GlobalRequestLoadBalancer`` made by ``get_router_handle(servers={address: handle})``.
+    The caller owns the actors (``ray.kill`` them, and ``client._load_balancer``, when done).
+    """
+    import ray
+
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    rollout, model = config.actor_rollout_ref.rollout, config.actor_rollout_ref.model
+    handles = [
+        ray.remote(LLMServerStandIn)
+        .options(num_cpus=0, max_concurrency=1000)
+        .remote(rollout, model, None, rank, 0, latency_s=latency_s, per_token_latency_s=per_token_latency_s)
+        for rank in range(num_servers)
+    ]
+    addresses = ray.get([h.get_server_address.remote() for h in handles])
+    servers = {f"{host}:{port}": handle for (host, port), handle in zip(addresses, handles)}
+    load_balancer = get_router_handle(servers=servers)
+    return LLMServerClient(config, load_balancer_handle=load_balancer), handles

@@ -49,6 +49,7 @@ import enum
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from typing import Any, Dict, Optional
@@ -383,6 +384,7 @@ def sglang_server_standin_class() -> type:
             tm = self.tokenizer_manager
             return {
                 **getattr(tm, "stats", {}),
+                "pid": os.getpid(),
                 "replica_rank": self.replica_rank,
                 "global_steps": self.global_steps,
                 "global_steps_history": list(self.global_steps_history),

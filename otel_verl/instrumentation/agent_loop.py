@@ -161,10 +161,11 @@ async def _call_tool(wrapped, instance, args, kwargs):
         tool_call = values.get("tool_call")
         name = str(getattr(tool_call, "name", "tool"))
         call_id = getattr(tool_call, "tool_call_id", None)
+        arguments = getattr(tool_call, "arguments", None)  # on the span only with content capture on
     except Exception as exc:
         health.record_failure("agent_loop._call_tool", exc)
         return await wrapped(*args, **kwargs)
-    with events.tool_call(name, call_id=call_id):
+    with events.tool_call(name, call_id=call_id, arguments=arguments):
         return await wrapped(*args, **kwargs)
 
 
