@@ -243,6 +243,11 @@ def flush(timeout_s: float = 30.0) -> bool:
         return False
 
 
+def flush_in_actor(actor: Any = None) -> bool:
+    """:func:`flush` for ``actor.__ray_call__`` (which passes the actor instance)."""
+    return flush()
+
+
 def shutdown() -> None:
     """End open sample spans, flush every output, stop the exporters. Idempotent."""
     global _provider

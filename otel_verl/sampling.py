@@ -124,6 +124,7 @@ class DropCountingProcessor(SpanProcessor):
     def __init__(self, batch_processor: Any, output: str) -> None:
         self._bsp = batch_processor
         self._output = output
+        self._leftover_counted = False
         inner = getattr(batch_processor, "_batch_processor", None)
         # SDK 1.45 internals (opentelemetry/sdk/_shared_internal BatchProcessor): the
         # queue is a deque whose oldest entry is discarded when full.
@@ -145,8 +146,9 @@ class DropCountingProcessor(SpanProcessor):
     def shutdown(self) -> None:
         self._bsp.shutdown()
         # The SDK gives up after its shutdown timeout: whatever is still queued is lost.
-        left = len(self._queue) if self._queue is not None else 0
-        health.record_dropped(self._output, left, "not exported before the shutdown timeout (endpoint too slow?)")
+        if self._queue is not None and not self._leftover_counted:
+            self._leftover_counted = True
+            health.record_dropped(self._output, len(self._queue), "not exported before the shutdown timeout")
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._bsp.force_flush(timeout_millis)

@@ -8,6 +8,7 @@ Modes:
 - ``silent``: accepts TCP connections and never answers (slow endpoint).
 - ``close``: accepts and closes every connection at once (refusing).
 - ``http503``: answers every HTTP request with 503 Service Unavailable (refusing).
+- ``http200``: a plain-HTTP server answering 200 (TLS clients fail the handshake).
 - ``grpc_unavailable``: a gRPC server whose TraceService/Export aborts with UNAVAILABLE.
 - ``tls``: a TLS (self-signed) HTTP server answering 200; plain clients fail the handshake.
 - ``capture``: an OTLP/HTTP receiver answering 200 that appends each request body to
@@ -153,6 +154,8 @@ def main() -> None:
         serve_close()
     elif mode == "http503":
         serve_http(503)
+    elif mode == "http200":
+        serve_http(200)
     elif mode == "tls":
         try:
             import cryptography  # noqa: F401

@@ -5,22 +5,25 @@ process-wide state), with ``tests/`` on ``PYTHONPATH``. :func:`emit` drives one 
 step the way the verl wrappers do; :func:`expected` says how many CSV rows, progress
 lines, JSONL lines and spans it yields; :func:`report` prints what this process wrote,
 dropped and failed (``RESULT {json}`` on stdout), read back by :func:`parse_result`.
-Whole-line checks of the files a run left: :func:`file_lines`.
+Whole-line checks of the files a run left: :func:`file_lines`. Misbehaving endpoints
+(``fault_servers.py`` in its own process): :func:`fault_server`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 TRAINER = "RayPPOTrainer"
@@ -184,9 +187,39 @@ def popen_python(code: str, env: Dict[str, str], **kwargs: Any) -> subprocess.Po
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+@contextlib.contextmanager
+def fault_server(mode: str, *args: str) -> Iterator[int]:
+    """``tests/fault_servers.py MODE`` in its own process; yields its loopback port."""
+    import pytest
+
+    proc = subprocess.Popen([sys.executable, os.path.join(TESTS_DIR, "fault_servers.py"), mode, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = (proc.stdout.readline() if proc.stdout else "").strip()
+        if line.startswith("SKIP"):
+            pytest.skip(line)
+        assert line.startswith("PORT "), f"fault server {mode} did not start: {line!r}"
+        yield int(line.split()[1])
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (an endpoint that is down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # --------------------------------------------------------------------------- files
 
 CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
+
+
+def _regular(paths: List[str]) -> List[str]:
+    # a symlink to /dev/full (a disk-full case) is no file of ours: reading it never ends
+    return [p for p in paths if os.path.isfile(p)]
 
 
 def _read(path: str) -> bytes:
@@ -199,7 +232,7 @@ def file_lines(trace_dir: str) -> Dict[str, Any]:
     each file is empty or ends with its line end, every CSV row has 6 cells, every JSONL
     and OTLP-JSON line parses. Returns the parsed contents per output."""
     out: Dict[str, Any] = {"csv": [], "progress": [], "jsonl": [], "otlp": [], "files": {}}
-    for path in sorted(glob.glob(os.path.join(trace_dir, "sample", "*"))):
+    for path in _regular(sorted(glob.glob(os.path.join(trace_dir, "sample", "*")))):
         data = _read(path)
         assert not data or data.endswith(b"\r\n"), f"torn CSV tail in {path}: {data[-80:]!r}"
         rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
@@ -207,14 +240,14 @@ def file_lines(trace_dir: str) -> Dict[str, Any]:
         assert data.count(b"\r\n") == len(rows)
         out["csv"].extend(dict(zip(CSV_HEADERS, r)) for r in rows)
         out["files"][path] = len(rows)
-    for path in sorted(glob.glob(os.path.join(trace_dir, "progress", "*"))):
+    for path in _regular(sorted(glob.glob(os.path.join(trace_dir, "progress", "*")))):
         data = _read(path)
         assert not data or data.endswith(b"\n"), f"torn progress tail in {path}: {data[-80:]!r}"
         lines = data.decode("utf-8").split("\n")[:-1] if data else []
         out["progress"].extend(lines)
         out["files"][path] = len(lines)
     for kind, pattern in (("jsonl", "trajectory"), ("otlp", "otlp")):
-        for path in sorted(glob.glob(os.path.join(trace_dir, pattern, "*"))):
+        for path in _regular(sorted(glob.glob(os.path.join(trace_dir, pattern, "*")))):
             data = _read(path)
             assert not data or data.endswith(b"\n"), f"torn {kind} tail in {path}: {data[-80:]!r}"
             lines = [json.loads(line) for line in data.decode("utf-8").split("\n")[:-1]] if data else []

@@ -30,6 +30,7 @@ from otel_verl import health
 Render = Callable[[], Iterable[Tuple[str, str]]]  # -> (path, text made of whole lines)
 
 _FILE_MODE = 0o644  # ordinary permissions: never world-writable
+_DIR_MODE = 0o755
 
 _live_writers: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
 
@@ -193,7 +194,7 @@ class BackgroundWriter:
         if fd is None:
             directory = os.path.dirname(path)
             if directory and directory not in self._dirs_made:
-                os.makedirs(directory, exist_ok=True)
+                make_dirs(directory)
                 self._dirs_made.add(directory)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
             self._fds[path] = fd
@@ -218,6 +219,22 @@ class BackgroundWriter:
     def _count_dropped(self, n_lines: int, reason: str) -> None:
         self.dropped_lines += n_lines
         health.record_dropped(self.output, n_lines, reason)
+
+
+def make_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)`` with ordinary permissions at every level it
+    creates: makedirs gives intermediate levels mode 0o777, so under a umask of 0 they
+    would be world-writable."""
+    if not path or os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        make_dirs(parent)
+    try:
+        os.mkdir(path, _DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
 if hasattr(os, "register_at_fork"):

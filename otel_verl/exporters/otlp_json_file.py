@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_verl import health
+from otel_verl.exporters._writer import make_dirs
 
 logger = logging.getLogger("otel_verl")
 
@@ -121,7 +122,7 @@ class OtlpJsonFileExporter(SpanExporter):
             self._index += 1
         self._close()
         self._pid = pid
-        os.makedirs(self.directory, exist_ok=True)
+        make_dirs(self.directory)
         while True:
             suffix = f"-{self._index}" if self._index else ""
             path = os.path.join(self.directory, f"spans-{self._host}-pid{pid}{suffix}.jsonl")

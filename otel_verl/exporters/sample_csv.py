@@ -370,11 +370,14 @@ class ValidationScope:
 
 
 def write_discovery_file(path: Optional[str], directory: str) -> None:
-    """Node-local pointer for tools looking for our files; best effort."""
+    """Node-local pointer for tools looking for our files; best effort. Created 0o644
+    whatever the umask (never world-writable), and never through a symlink planted in a
+    shared /tmp."""
     if not path:
         return
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as f:
             f.write(directory)
     except OSError:
         pass

@@ -14,6 +14,7 @@ import inspect
 import logging
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -70,7 +71,7 @@ def _install(hook: Hook, module: Any) -> None:
             _skip(hook, problem)
             return
         if hook.redecorate is None:
-            wrapt.wrap_function_wrapper(module, hook.target, hook.wrapper)
+            _wrap(module, hook.target, hook.wrapper, (hook.module, hook.target))
         else:
             problem = _wrap_inner(hook, module)
             if problem:
@@ -81,6 +82,54 @@ def _install(hook: Hook, module: Any) -> None:
             _installed.append(hook)
     except Exception as exc:  # never let a hook break verl's import
         _skip(hook, f"{type(exc).__name__}: {exc}")
+
+
+class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return self._self_parent.__reduce_ex__(protocol)
+
+
+class PicklableFunctionWrapper(wrapt.FunctionWrapper):
+    """A wrapt FunctionWrapper that pickles as a *reference* to the attribute it patches.
+
+    Ray copies every method of an actor class into a subclass it pickles by value (its
+    ``_modify_class`` / ``_inject_tracing_into_class``), capturing the method objects of
+    the creating process. cloudpickle turns a plain FunctionWrapper into the bare wrapped
+    function, so a worker would run the creator's unwrapped code and never our wrappers.
+    Pickled by reference, the worker resolves the method in its own process: wrapped
+    there when otel_verl is active, plain otherwise.
+    """
+
+    __bound_function_wrapper__ = _BoundPicklableWrapper
+
+    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str]) -> None:
+        super().__init__(wrapped, wrapper)
+        self._self_ref = ref
+        self._self_unbound = None
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # Accessed on a class: always the same object, so that cloudpickle recognises
+        # it (``getattr(module.Class, name) is obj``) and pickles it by reference.
+        if instance is None and isinstance(self.__wrapped__, types.FunctionType):
+            if self._self_unbound is None:
+                self._self_unbound = super().__get__(None, owner)
+            return self._self_unbound
+        return super().__get__(instance, owner)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        return (resolve_reference, self._self_ref)
+
+
+def resolve_reference(module_name: str, target: str) -> Any:
+    """``module.Class.attr`` as the receiving process has it (see PicklableFunctionWrapper)."""
+    import importlib
+
+    owner, attr = _owner(importlib.import_module(module_name), target)
+    return getattr(owner, attr)
+
+
+def _wrap(parent: Any, path: str, wrapper: Any, ref: Tuple[str, str]) -> None:
+    wrapt.wrap_object(parent, path, PicklableFunctionWrapper, (wrapper, ref))
 
 
 def _owner(module: Any, target: str) -> Tuple[Any, str]:
@@ -113,7 +162,7 @@ def install_on(owner: Any, attr: str, wrapper: Callable[..., Any], name: str) ->
         _skip(hook, f"{hook.target} is inherited, not defined here")
         return
     try:
-        wrapt.wrap_function_wrapper(owner, attr, wrapper)
+        _wrap(owner, attr, wrapper, (owner.__module__, f"{owner.__qualname__}.{attr}"))
     except Exception as exc:
         _skip(hook, f"{type(exc).__name__}: {exc}")
         return

@@ -85,6 +85,35 @@ def _fit(wrapped, instance, args, kwargs):
         _end_record_metrics()
         events.step_end()
         bootstrap.flush()
+        flush_actors(_worker_actors(instance))
+
+
+def _worker_actors(trainer: Any) -> List[Any]:
+    """The actors whose spans the end of training must not lose: agent loop workers,
+    reward workers and LLM servers (attribute names from verl 0.9.1's ray_trainer)."""
+    handles: List[Any] = []
+    handles += list(getattr(getattr(trainer, "async_rollout_manager", None), "agent_loop_workers", None) or [])
+    handles += list(getattr(getattr(trainer, "reward_loop_manager", None), "reward_loop_workers", None) or [])
+    handles += list(getattr(getattr(trainer, "llm_server_manager", None), "server_handles", None) or [])
+    return handles
+
+
+def flush_actors(handles: List[Any], timeout_s: float = 30.0) -> None:
+    """Ask each actor to flush its tracing outputs and wait (bounded).
+
+    At the end of a job Ray kills actors without running their exit handlers, so what
+    their batch processors still hold would be lost; fit's end is the last moment the
+    trainer can ask them to write it out.
+    """
+    if not handles:
+        return
+    try:
+        import ray
+
+        refs = [handle.__ray_call__.remote(bootstrap.flush_in_actor) for handle in handles]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    except Exception as exc:
+        health.record_failure("trainer_v0.flush_actors", exc)
 
 
 class _StageTimer:
