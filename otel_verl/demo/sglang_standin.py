@@ -117,6 +117,12 @@ class _StandInModule(types.ModuleType):
             value: Any = type(name, (_Record,), {"__module__": self.__name__})
         elif name == "ServerStatus":
             value = ServerStatus
+        elif (self.__name__, name) == ("sglang.srt.managers.tokenizer_manager", "TokenizerManager"):
+            # The engine front-end lives where sglang keeps it, so code that reaches sglang's
+            # TokenizerManager by name (otel_verl's engine-timing hook) finds the stand-in.
+            from otel_verl.demo.llm_server_standin import TokenizerManagerStandIn
+
+            value = TokenizerManagerStandIn
         else:
             value = type(name, (_Placeholder,), {"__module__": self.__name__})
         setattr(self, name, value)
