@@ -89,6 +89,8 @@ def harness_overrides(
     tool_config_path: Optional[str],
     adv_estimator: str = "grpo",
     experiment_name: str = "cpu_harness",
+    agent_name: Optional[str] = None,
+    agent_loop_config_path: Optional[str] = None,
 ) -> List[str]:
     """Hydra overrides that turn verl's ``ppo_trainer`` config into the CPU harness config."""
     micro = max(1, min(4, prompts * n))
@@ -118,7 +120,8 @@ def harness_overrides(
         f"actor_rollout_ref.rollout.prompt_length={PROMPT_LENGTH}",
         f"actor_rollout_ref.rollout.response_length={RESPONSE_LENGTH}",
         f"actor_rollout_ref.rollout.agent.num_workers={agent_workers}",
-        f"actor_rollout_ref.rollout.agent.default_agent_loop={'tool_agent' if agent == 'tool' else 'single_turn_agent'}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop="
+        + (agent_name or ("tool_agent" if agent == "tool" else "single_turn_agent")),
         "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         "reward.num_workers=1",
         "trainer.use_v1=False",
@@ -145,6 +148,8 @@ def harness_overrides(
             f"critic.model.tokenizer_path={model_dir}",
             f"critic.ppo_micro_batch_size_per_gpu={micro}",
         ]
+    if agent_loop_config_path:  # custom agent loops (verl loads them in AgentLoopWorker.__init__)
+        overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}")
     if agent == "tool":
         overrides += [
             "actor_rollout_ref.rollout.multi_turn.enable=True",
@@ -381,6 +386,16 @@ def init_ray(
     return True
 
 
+def _set_agent_name(paths: Sequence[str], agent_name: str) -> None:
+    """Point every row of these parquet files at the registered agent loop ``agent_name``."""
+    import pandas as pd
+
+    for path in paths:
+        frame = pd.read_parquet(path)
+        frame["agent_name"] = agent_name
+        frame.to_parquet(path)
+
+
 def _kill(handles: Sequence[Any], wait_names: Sequence[str] = (), timeout_s: float = 30.0) -> None:
     """Kill actors; wait until the named ones are gone so a next run on the same cluster can reuse the names."""
     import ray
@@ -415,7 +430,9 @@ def _server_choice(server: str):
     raise ValueError(f"server must be one of {SERVER_KINDS}, got {server!r}")
 
 
-def _fit(config: Any, *, server: str, server_kwargs: dict, file_log: str) -> Dict[str, Any]:
+def _fit(
+    config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None
+) -> Dict[str, Any]:
     """Build the trainer, run init_workers and fit, collect what the summary needs. Runs where the trainer lives."""
     timings: Dict[str, float] = {}
     t = time.time()
@@ -427,9 +444,12 @@ def _fit(config: Any, *, server: str, server_kwargs: dict, file_log: str) -> Dic
         t = time.time()
         trainer.init_workers()
         timings["init_workers_s"] = time.time() - t
+        if on_fit is not None:
+            on_fit(trainer, "start")
         t = time.time()
         trainer.fit()
         timings["fit_s"] = time.time() - t
+        on_fit_result = on_fit(trainer, "end") if on_fit is not None else None
         result: Dict[str, Any] = {
             "timings": timings,
             "server_stats": trainer.server_stats(),
@@ -437,6 +457,7 @@ def _fit(config: Any, *, server: str, server_kwargs: dict, file_log: str) -> Dic
             "weight_versions": list(trainer.actor_rollout_wg.weight_versions),
             "critic_calls": dict(trainer.critic_wg.calls) if getattr(trainer, "critic_wg", None) is not None else {},
             "final_global_steps": trainer.global_steps,
+            "on_fit": on_fit_result,
         }
     finally:
         if previous is None:
@@ -452,8 +473,10 @@ def _fit(config: Any, *, server: str, server_kwargs: dict, file_log: str) -> Dic
 class TaskRunnerStandIn:
     """Hosts the trainer inside a Ray actor, like verl's ``TaskRunner`` (``trainer_in_actor=True``)."""
 
-    def run(self, config: Any, server: str, server_kwargs: dict, file_log: str) -> Dict[str, Any]:
-        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log)
+    def run(
+        self, config: Any, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None
+    ) -> Dict[str, Any]:
+        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
 
 
 def run_v0(
@@ -476,6 +499,9 @@ def run_v0(
     trainer_in_actor: bool = False,
     keep_ray: bool = False,
     log_to_driver: bool = False,
+    agent_name: Optional[str] = None,
+    agent_loop_config_path: Optional[str] = None,
+    on_fit: Optional[Callable[[Any, str], Any]] = None,
 ) -> Dict[str, Any]:
     """Run verl's v0 ``RayPPOTrainer.fit`` on CPU and return a summary dict.
 
@@ -500,6 +526,16 @@ def run_v0(
         overrides: extra Hydra overrides, applied last.
         trainer_in_actor: host the trainer in a Ray actor (like verl's TaskRunner) instead of here.
         keep_ray: leave a cluster this call started running.
+        agent_name: run this registered agent loop instead of ``agent``'s (the data rows'
+            ``agent_name`` and ``rollout.agent.default_agent_loop``); the prompts stay
+            ``agent``'s. For a custom loop give ``agent_loop_config_path`` too, and make its
+            module importable in Ray workers (``runtime_env={"env_vars": {"PYTHONPATH": ...}}``).
+        agent_loop_config_path: ``rollout.agent.agent_loop_config_path`` (a YAML list of
+            ``{name, _target_}``, loaded by verl's ``AgentLoopWorker``).
+        on_fit: called where the trainer lives as ``on_fit(trainer, "start")`` right before
+            ``fit()`` and ``on_fit(trainer, "end")`` right after it (actors still alive); the
+            second call's return value is ``summary["on_fit"]``. Must pickle by reference
+            (a module-level function) when ``trainer_in_actor``.
     """
     import ray
 
@@ -523,12 +559,15 @@ def run_v0(
     train_path, val_path = write_dataset(
         os.path.join(out, "data"), agent=agent, train_size=max(16, prompts * steps), val_size=VAL_SIZE
     )
+    if agent_name:
+        _set_agent_name((train_path, val_path), agent_name)
     tool_log = os.path.join(out, "tool_calls.jsonl")
     tool_config_path = write_tool_config(os.path.join(out, "tools"), call_log=tool_log) if agent == "tool" else None
     overrides_all = harness_overrides(
         model_dir=model_dir, train_files=train_path, val_files=val_path, output_dir=out, steps=steps,
         prompts=prompts, n=n, agent=agent, validate=validate, agent_workers=agent_workers,
-        tool_config_path=tool_config_path, adv_estimator=adv_estimator,
+        tool_config_path=tool_config_path, adv_estimator=adv_estimator, agent_name=agent_name,
+        agent_loop_config_path=agent_loop_config_path,
     ) + list(overrides)
     config = build_config(overrides_all)
     prepare_s = time.time() - t
@@ -549,11 +588,11 @@ def run_v0(
         if trainer_in_actor:
             runner = ray.remote(TaskRunnerStandIn).options(num_cpus=0).remote()
             try:
-                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log))
+                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit))
             finally:
                 _kill([runner])
         else:
-            fit_result = _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log)
+            fit_result = _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
     finally:
         if started_ray and not keep_ray:
             ray.shutdown()
@@ -565,7 +604,9 @@ def run_v0(
         "agent": agent, "steps": steps, "prompts": prompts, "n": n, "validate": validate,
         "agent_workers": agent_workers, "server": server, "adv_estimator": adv_estimator,
         "trainer_in_actor": trainer_in_actor, "model_dir": model_dir, "overrides": overrides_all,
+        "agent_name": agent_name, "agent_loop_config_path": agent_loop_config_path,
     }
+    summary["on_fit"] = fit_result.get("on_fit")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return summary

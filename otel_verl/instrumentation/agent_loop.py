@@ -116,7 +116,7 @@ def wrap_registered_agent_loops() -> List[str]:
             continue
         for klass in cls.__mro__:  # the class that actually defines run()
             if "run" in vars(klass) and klass.__module__ != AGENT_LOOP:
-                install_on(klass, "run", _agent_run, COMPONENT)
+                install_on(klass, "run", _agent_run)
                 wrapped_names.append(klass.__qualname__)
                 break
     return wrapped_names

@@ -4,7 +4,7 @@ A :class:`Hook` names one wrap target as data (module, ``Class.method`` or funct
 the parameters the wrapper reads). Installing checks that the target exists and has
 those parameters; a missing or changed target is *skipped* with one warning, never an
 exception. Targets in modules not imported yet are installed when the module is
-imported (``wrapt.when_imported``), so import order does not matter and a process pays
+imported (wrapt post-import hooks), so import order does not matter and a process pays
 only for the verl modules it uses. :func:`status` lists what was installed or skipped.
 """
 
@@ -14,7 +14,6 @@ import inspect
 import logging
 import sys
 import threading
-import types
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -22,6 +21,7 @@ import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
 from otel_verl import health
+from otel_verl.instrumentation._wrapper import owner_of, wrap
 
 logger = logging.getLogger("otel_verl")
 
@@ -46,10 +46,18 @@ class Hook:
         return f"{self.module}:{self.target}"
 
 
+@dataclass(frozen=True)
+class _Patch:
+    """One installed wrapper: where it is, and what to put back on uninstall."""
+
+    owner: Any
+    attr: str
+    original: Any = None  # set when the attribute was replaced rather than wrapt-wrapped
+
+
 _lock = threading.Lock()
 _status: Dict[str, Tuple[str, str]] = {}  # hook name -> (state, reason)
-_installed: List[Hook] = []
-_originals: Dict[str, Any] = {}  # hook name -> attribute replaced by a redecorated wrapper
+_patches: List[_Patch] = []
 
 
 def install_all(hooks: List[Hook]) -> None:
@@ -70,109 +78,45 @@ def _install(hook: Hook, module: Any) -> None:
         if problem:
             _skip(hook, problem)
             return
+        owner, attr = owner_of(module, hook.target)
         if hook.redecorate is None:
-            _wrap(module, hook.target, hook.wrapper, (hook.module, hook.target))
+            wrap(module, hook.target, hook.wrapper, (hook.module, hook.target))
+            patch = _Patch(owner, attr)
         else:
-            problem = _wrap_inner(hook, module)
-            if problem:
-                _skip(hook, problem)
+            original = inspect.getattr_static(owner, attr)
+            inner = getattr(original, "__wrapped__", None)
+            if inner is None:
+                _skip(hook, f"{hook.target} is no longer decorated as expected (no __wrapped__)")
                 return
-        with _lock:
-            _status[hook.name] = (INSTALLED, "")
-            _installed.append(hook)
+            setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, hook.wrapper)))
+            patch = _Patch(owner, attr, original)
+        _installed(hook.name, patch)
     except Exception as exc:  # never let a hook break verl's import
         _skip(hook, f"{type(exc).__name__}: {exc}")
 
 
-class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
-    def __reduce_ex__(self, protocol: int) -> Any:
-        return self._self_parent.__reduce_ex__(protocol)
-
-
-class PicklableFunctionWrapper(wrapt.FunctionWrapper):
-    """A wrapt FunctionWrapper that pickles as a *reference* to the attribute it patches.
-
-    Ray copies every method of an actor class into a subclass it pickles by value (its
-    ``_modify_class`` / ``_inject_tracing_into_class``), capturing the method objects of
-    the creating process. cloudpickle turns a plain FunctionWrapper into the bare wrapped
-    function, so a worker would run the creator's unwrapped code and never our wrappers.
-    Pickled by reference, the worker resolves the method in its own process: wrapped
-    there when otel_verl is active, plain otherwise.
-    """
-
-    __bound_function_wrapper__ = _BoundPicklableWrapper
-
-    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str]) -> None:
-        super().__init__(wrapped, wrapper)
-        self._self_ref = ref
-        self._self_unbound = None
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        # Accessed on a class: always the same object, so that cloudpickle recognises
-        # it (``getattr(module.Class, name) is obj``) and pickles it by reference.
-        if instance is None and isinstance(self.__wrapped__, types.FunctionType):
-            if self._self_unbound is None:
-                self._self_unbound = super().__get__(None, owner)
-            return self._self_unbound
-        return super().__get__(instance, owner)
-
-    def __reduce_ex__(self, protocol: int) -> Any:
-        return (resolve_reference, self._self_ref)
-
-
-def resolve_reference(module_name: str, target: str) -> Any:
-    """``module.Class.attr`` as the receiving process has it (see PicklableFunctionWrapper)."""
-    import importlib
-
-    owner, attr = _owner(importlib.import_module(module_name), target)
-    return getattr(owner, attr)
-
-
-def _wrap(parent: Any, path: str, wrapper: Any, ref: Tuple[str, str]) -> None:
-    wrapt.wrap_object(parent, path, PicklableFunctionWrapper, (wrapper, ref))
-
-
-def _owner(module: Any, target: str) -> Tuple[Any, str]:
-    owner_path, _, attr = target.rpartition(".")
-    owner = module
-    for part in filter(None, owner_path.split(".")):
-        owner = getattr(owner, part)
-    return owner, attr
-
-
-def _wrap_inner(hook: Hook, module: Any) -> str:
-    owner, attr = _owner(module, hook.target)
-    original = inspect.getattr_static(owner, attr)
-    inner = getattr(original, "__wrapped__", None)
-    if inner is None:
-        return f"{hook.target} is no longer decorated as expected (no __wrapped__)"
-    setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, hook.wrapper)))
-    _originals[hook.name] = original
-    return ""
-
-
-def install_on(owner: Any, attr: str, wrapper: Callable[..., Any], name: str) -> None:
+def install_on(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
     """Wrap ``owner.attr`` found at run time (e.g. agent loop classes from verl's registry)."""
-    hook = Hook(module=getattr(owner, "__module__", "?"), target=f"{getattr(owner, '__qualname__', owner)}.{attr}",
-                wrapper=wrapper, component=name)
+    target = f"{getattr(owner, '__qualname__', owner)}.{attr}"
+    hook = Hook(module=getattr(owner, "__module__", "?"), target=target, wrapper=wrapper)
     with _lock:
         if _status.get(hook.name, ("",))[0] == INSTALLED:
             return
-    if attr not in getattr(owner, "__dict__", {}):
-        _skip(hook, f"{hook.target} is inherited, not defined here")
+    if attr not in vars(owner):
+        _skip(hook, f"{target} is inherited, not defined here")
         return
     try:
-        _wrap(owner, attr, wrapper, (owner.__module__, f"{owner.__qualname__}.{attr}"))
+        wrap(owner, attr, wrapper, (hook.module, target))
     except Exception as exc:
         _skip(hook, f"{type(exc).__name__}: {exc}")
         return
+    _installed(hook.name, _Patch(owner, attr))
+
+
+def _installed(name: str, patch: _Patch) -> None:
     with _lock:
-        _status[hook.name] = (INSTALLED, "")
-        _installed.append(Hook(module="", target=attr, wrapper=wrapper, component=name, redecorate=None))
-        _dynamic_owners[id(_installed[-1])] = owner
-
-
-_dynamic_owners: Dict[int, Any] = {}
+        _status[name] = (INSTALLED, "")
+        _patches.append(patch)
 
 
 def _check(hook: Hook, module: Any) -> str:
@@ -209,23 +153,15 @@ def _skip(hook: Hook, reason: str) -> None:
 
 def uninstall_all() -> None:
     with _lock:
-        hooks = list(_installed)
-        _installed.clear()
+        patches = list(_patches)
+        _patches.clear()
         _status.clear()
-        originals = dict(_originals)
-        _originals.clear()
-        dynamic = dict(_dynamic_owners)
-        _dynamic_owners.clear()
-    for hook in hooks:
+    for patch in reversed(patches):
         try:
-            if id(hook) in dynamic:
-                owner, attr = dynamic[id(hook)], hook.target
+            if patch.original is not None:
+                setattr(patch.owner, patch.attr, patch.original)
             else:
-                owner, attr = _owner(sys.modules[hook.module], hook.target)
-            if hook.name in originals:
-                setattr(owner, attr, originals[hook.name])
-            else:
-                unwrap(owner, attr)
+                unwrap(patch.owner, patch.attr)
         except Exception as exc:
             health.record_failure("hooks.uninstall", exc)
 

@@ -1,0 +1,394 @@
+"""The numbers of ``otel-verl report``, computed from spans (and a trace dir's legacy files).
+
+Every figure names the spans it comes from (``docs/SPANS.md``):
+
+- **steps**: ``verl.step`` spans and their ``verl.stage {stage}`` spans, grouped by
+  ``verl.global_step``; a stage's time is the sum of its spans in that step, ``other`` is
+  the step time no stage span covers.
+- **rollout latency**: durations of the trajectory spans (``invoke_agent ...``) per
+  ``verl.global_step``; validation trajectories (``verl.validate``) are left out.
+- **slowest trajectories**: the trajectory span split into LLM time (its ``chat`` /
+  ``text_completion`` spans, with the server's queue / prefill / decode from their
+  ``verl.llm.server.*`` attributes), tool time (``execute_tool`` spans), reward
+  (``verl.reward`` spans) and the rest.
+- **samples**: ``verl.sample`` roots by outcome; a uid seen in worker spans or the
+  sample-flow CSV without a finished root (and without a ``COMPLETE`` CSV row) never finished.
+- **losses**: otel_verl counts what it could not write in-process (``otel_verl.health``) and
+  logs it at shutdown; nothing of it reaches the files, so the report says "none recorded"
+  and checks instead that the legacy files and the spans tell the same story.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from collections import Counter, defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from otel_verl import semconv as sc
+from otel_verl.report.inputs import Inputs, Lines, read_spans, resolve
+
+NS = 1e9
+FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
+STAGE_ORDER = [s.value for s in sc.Stage]
+LLM_OPERATIONS = (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)
+STEP_STAGE_PREFIX = sc.step_stage_span_name("")
+TOOL_PREFIX = sc.tool_span_name("")
+_TASK_LINE = re.compile(r"^Task (?P<uid>.+)/(?P<traj>[^/]+) is completed, ")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def duration_s(span: Dict[str, Any]) -> float:
+    return (span["endTimeUnixNano"] - span["startTimeUnixNano"]) / NS
+
+
+def is_trajectory(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT
+
+
+def is_llm_call(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) in LLM_OPERATIONS
+
+
+def is_tool(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL
+
+
+def _union_s(intervals: Iterable[Tuple[int, int]]) -> float:
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total / NS
+
+
+def server_split(llm_span: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The server's view of one LLM call, in seconds, from ``verl.llm.server.*``:
+    ``e2e``, ``queue`` (queue_time), ``prefill`` (time to first token minus queue, where
+    ttft = prefill_finished_ts - request_received_ts; prefill_launch_latency when the
+    timestamps are missing) and ``decode`` (e2e - queue - prefill, at least 0).
+    ``None`` when the server reported no e2e_latency."""
+    attrs = llm_span["attributes"]
+
+    def meta(key: str) -> Optional[float]:
+        value = attrs.get(sc.LLM_SERVER_META_PREFIX + key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    e2e = meta("e2e_latency")
+    if e2e is None:
+        return None
+    queue = meta("queue_time") or 0.0
+    received, prefilled = meta("request_received_ts"), meta("prefill_finished_ts")
+    if received is not None and prefilled is not None:
+        prefill = max(0.0, prefilled - received - queue)
+    else:
+        prefill = meta("prefill_launch_latency") or 0.0
+    return {"e2e": e2e, "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
+
+
+class _Index:
+    def __init__(self, spans: List[Dict[str, Any]]) -> None:
+        self.children: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
+        for span in spans:
+            if span["parentSpanId"]:
+                self.children[(span["traceId"], span["parentSpanId"])].append(span)
+
+    def descendants(self, span: Dict[str, Any]) -> List[Dict[str, Any]]:
+        out, todo = [], [span]
+        while todo:
+            current = todo.pop()
+            kids = self.children.get((current["traceId"], current["spanId"]), ())
+            out.extend(kids)
+            todo.extend(kids)
+        return out
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str, Any]]]:
+    """``(stage names in order, one row per step)``."""
+    step_spans: Dict[int, Dict[str, Any]] = {}
+    stages: Dict[int, Dict[str, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for span in spans:
+        step = span["attributes"].get(sc.GLOBAL_STEP)
+        if not isinstance(step, int):
+            continue
+        if span["name"] == sc.SPAN_STEP:
+            step_spans[step] = span
+        elif span["name"].startswith(STEP_STAGE_PREFIX):
+            stage = span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
+            stages[step][stage].append(span)
+    seen = {stage for per_step in stages.values() for stage in per_step}
+    order = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
+    rows = []
+    for step in sorted(set(step_spans) | set(stages)):
+        span = step_spans.get(step)
+        per_stage = stages.get(step, {})
+        row: Dict[str, Any] = {
+            "step": step,
+            "finished": span is not None,
+            "start_unix_nano": span["startTimeUnixNano"] if span else min(s["startTimeUnixNano"] for v in per_stage.values() for s in v),
+            "duration_s": duration_s(span) if span else None,
+            "stages": {stage: sum(duration_s(s) for s in per_stage[stage]) for stage in order if stage in per_stage},
+            "other_s": None,
+        }
+        if span is not None:
+            lo, hi = span["startTimeUnixNano"], span["endTimeUnixNano"]
+            covered = _union_s(
+                (max(s["startTimeUnixNano"], lo), min(s["endTimeUnixNano"], hi))
+                for v in per_stage.values() for s in v
+                if s["endTimeUnixNano"] > lo and s["startTimeUnixNano"] < hi
+            )
+            row["other_s"] = row["duration_s"] - covered
+        rows.append(row)
+    return order, rows
+
+
+def training_trajectories(spans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [s for s in spans if is_trajectory(s) and not s["attributes"].get(sc.VALIDATE)]
+
+
+def rollout_section(trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    by_step: Dict[Any, List[float]] = defaultdict(list)
+    for span in trajectories:
+        by_step[span["attributes"].get(sc.GLOBAL_STEP)].append(duration_s(span))
+    rows = []
+    for step in sorted(by_step, key=lambda s: (s is None, s if isinstance(s, int) else 0)):
+        values = by_step[step]
+        rows.append({
+            "step": step,
+            "count": len(values),
+            "p50_s": percentile(values, 50),
+            "p90_s": percentile(values, 90),
+            "p99_s": percentile(values, 99),
+            "max_s": max(values),
+        })
+    return rows
+
+
+def trajectory_split(traj: Dict[str, Any], index: _Index) -> Dict[str, Any]:
+    attrs = traj["attributes"]
+    below = index.descendants(traj)
+    llm = [s for s in below if is_llm_call(s)]
+    tools = [s for s in below if is_tool(s)]
+    rewards = [s for s in below if s["name"] == sc.SPAN_REWARD]
+    total = duration_s(traj)
+    llm_s = sum(duration_s(s) for s in llm)
+    tool_s = sum(duration_s(s) for s in tools)
+    reward_s = sum(duration_s(s) for s in rewards)
+    splits = [server_split(s) for s in llm]
+    server = None
+    if llm and all(splits):
+        server = {key: sum(s[key] for s in splits) for key in ("e2e", "queue", "prefill", "decode")}
+        server["client_overhead"] = llm_s - server["e2e"]  # transport, routing, tokenizing
+    return {
+        "uid": attrs.get(sc.UID),
+        "traj_uid": attrs.get(sc.TRAJ_UID),
+        "step": attrs.get(sc.GLOBAL_STEP),
+        "trace_id": traj["traceId"],
+        "span_id": traj["spanId"],
+        "duration_s": total,
+        "turns": len(llm),
+        "llm_s": llm_s,
+        "llm_server_s": server,
+        "tool_s": tool_s,
+        "tool_calls": len(tools),
+        "reward_s": reward_s,
+        "other_s": total - llm_s - tool_s - reward_s,
+    }
+
+
+def slowest_section(trajectories: List[Dict[str, Any]], index: _Index, top: int) -> List[Dict[str, Any]]:
+    ranked = sorted(trajectories, key=lambda s: (-duration_s(s), s["spanId"]))[: max(0, top)]
+    return [trajectory_split(t, index) for t in ranked]
+
+
+def _read_csv_rows(paths: Sequence[str]) -> Iterable[List[str]]:
+    for path in paths:
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            yield from csv.reader(f)
+
+
+def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit: int) -> Dict[str, Any]:
+    roots: Dict[str, Dict[str, Any]] = {}
+    validation_uids = set()
+    last_seen: Dict[str, Tuple[int, str, Any]] = {}  # uid -> (time ns, where, step)
+    for span in spans:
+        attrs = span["attributes"]
+        uid = attrs.get(sc.UID)
+        if not isinstance(uid, str):
+            continue
+        if span["name"] == sc.SPAN_SAMPLE:
+            roots[uid] = span
+        if is_trajectory(span) and attrs.get(sc.VALIDATE):
+            validation_uids.add(uid)
+        t = span["endTimeUnixNano"] or span["startTimeUnixNano"]
+        if uid not in last_seen or t > last_seen[uid][0]:
+            last_seen[uid] = (t, f"span {span['name']}", attrs.get(sc.GLOBAL_STEP))
+    csv_complete = set()
+    csv_uids = set()
+    for row in _read_csv_rows(csv_paths):
+        if len(row) < 6:
+            continue
+        uid = row[2].rpartition("/")[0]
+        if not uid or uid == "*":
+            continue
+        csv_uids.add(uid)
+        if row[3] == "COMPLETE":
+            csv_complete.add(uid)
+        try:
+            t = int(row[4]) * 1_000_000
+        except ValueError:
+            continue
+        fields = dict(part.split("=", 1) for part in row[5].split("|") if "=" in part)
+        if uid not in last_seen or t > last_seen[uid][0]:
+            step = fields.get("global_step")
+            last_seen[uid] = (t, f"CSV {fields.get('stage', '?')}", int(step) if step and step.isdigit() else None)
+    outcomes = Counter(root["attributes"].get(sc.SAMPLE_OUTCOME) or "(none)" for root in roots.values())
+    unfinished = []
+    for uid, root in roots.items():
+        outcome = root["attributes"].get(sc.SAMPLE_OUTCOME)
+        if outcome not in FINISHED_OUTCOMES:
+            unfinished.append({"uid": uid, "state": f"outcome {outcome or '(none)'}",
+                               "step": root["attributes"].get(sc.GLOBAL_STEP), "last_seen": last_seen[uid][1]})
+    seen = (set(last_seen) | csv_uids) - validation_uids
+    for uid in sorted(seen - set(roots) - csv_complete):
+        t, where, step = last_seen.get(uid, (0, "CSV", None))
+        unfinished.append({"uid": uid, "state": "no finished verl.sample span", "step": step, "last_seen": where})
+    unfinished.sort(key=lambda u: (u["step"] if isinstance(u["step"], int) else -1, u["uid"]))
+    return {
+        "roots": len(roots),
+        "outcomes": dict(sorted(outcomes.items())),
+        "csv_uids": len(csv_uids),
+        "unfinished_count": len(unfinished),
+        "unfinished": unfinished[: max(0, limit)],
+    }
+
+
+def _count_lines(paths: Sequence[str], predicate=lambda line: True) -> int:
+    total = 0
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            total += sum(1 for line in f if line.strip() and predicate(line))
+    return total
+
+
+def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any]], inputs: Inputs,
+                   lines: Lines) -> Dict[str, Any]:
+    """What could have been lost, and whether the outputs agree with each other."""
+    limits = {"attributes": 0, "events": 0, "links": 0}
+    for span in spans:
+        for key in limits:
+            limits[key] += span.get("dropped", {}).get(key, 0)
+    checks = []
+    if inputs.has_legacy:
+        n_spans = len(trajectories)
+        task_lines = _count_lines(inputs.progress_logs, lambda line: bool(_TASK_LINE.match(line)))
+        jsonl_lines = _count_lines(inputs.trajectory_jsonl)
+        started = sum(1 for row in _read_csv_rows(inputs.sample_csv)
+                      if len(row) >= 6 and "detail=agent_task_started" in row[5] and not row[2].endswith("/N/A"))
+        for label, legacy in (
+            ("progress log 'Task ... is completed' lines", task_lines),
+            ("trajectory JSONL lines", jsonl_lines),
+            ("sample-flow CSV agent_task_started rows", started),
+        ):
+            if legacy == n_spans:
+                verdict = "consistent"
+            elif legacy > n_spans:
+                verdict = "fewer spans than legacy lines: OTLP sampling on, or spans lost"
+            else:
+                verdict = "more spans than legacy lines: legacy lines lost (or files from another run)"
+            checks.append({"what": label, "legacy": legacy, "trajectory_spans": n_spans, "verdict": verdict})
+    return {
+        "recorded": None,  # otel_verl's loss counters stay in-process (logged at shutdown)
+        "note": "none recorded: otel_verl counts losses in-process and logs them at shutdown; they are not in the files",
+        "span_limit_drops": limits,
+        "truncated_lines": len(lines.truncated),
+        "consistency": checks,
+    }
+
+
+def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: int = 20) -> Dict[str, Any]:
+    """The whole report as a JSON-ready dict (see :mod:`otel_verl.report` for its keys)."""
+    from otel_verl.report.inputs import InputError
+
+    inputs = resolve(paths)
+    lines = Lines()
+    spans = read_spans(inputs.otlp_files, lines)
+    if not spans:
+        raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
+    index = _Index(spans)
+    stage_order, steps = steps_section(spans)
+    trajectories = training_trajectories(spans)
+    runs = sorted({str(s["resource"].get(sc.RUN_ID)) for s in spans if s["resource"].get(sc.RUN_ID)})
+    fit = next((s["attributes"] for s in spans if s["name"] == sc.SPAN_FIT), {})
+    return {
+        "inputs": {
+            "paths": list(paths),
+            "otlp_files": inputs.otlp_files,
+            "lines": lines.lines,
+            "spans": len(spans),
+            "traces": len({s["traceId"] for s in spans}),
+            "truncated": len(lines.truncated),
+            "truncated_files": [{"path": t.path, "bytes": t.size} for t in lines.truncated],
+            "legacy_files": {
+                "sample_csv": len(inputs.sample_csv),
+                "progress": len(inputs.progress_logs),
+                "trajectory_jsonl": len(inputs.trajectory_jsonl),
+            },
+        },
+        "runs": runs,
+        "trainer": fit.get(sc.TRAINER) or next((s["attributes"].get(sc.TRAINER) for s in spans if s["name"] == sc.SPAN_STEP), None),
+        "stage_order": stage_order,
+        "steps": steps,
+        "rollout_latency": rollout_section(trajectories),
+        "trajectories": len(trajectories),
+        "slowest_trajectories": slowest_section(trajectories, index, top),
+        "samples": samples_section(spans, inputs.sample_csv, unfinished_limit),
+        "losses": losses_section(spans, trajectories, inputs, lines),
+        "timeline": _timeline_data(spans, steps, trajectories),
+    }
+
+
+def _timeline_data(spans: List[Dict[str, Any]], steps: List[Dict[str, Any]],
+                   trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per step: stage bars and trajectory bars in seconds since the step started."""
+    by_step = {row["step"]: row["start_unix_nano"] for row in steps}
+    out: Dict[int, Dict[str, Any]] = {step: {"step": step, "stages": [], "trajectories": []} for step in by_step}
+    for span in spans:
+        step = span["attributes"].get(sc.GLOBAL_STEP)
+        if step in out and span["name"].startswith(STEP_STAGE_PREFIX):
+            t0 = by_step[step]
+            out[step]["stages"].append({
+                "stage": span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):],
+                "start_s": (span["startTimeUnixNano"] - t0) / NS,
+                "duration_s": duration_s(span),
+            })
+    for span in trajectories:
+        step = span["attributes"].get(sc.GLOBAL_STEP)
+        if step in out:
+            out[step]["trajectories"].append({
+                "start_s": (span["startTimeUnixNano"] - by_step[step]) / NS,
+                "duration_s": duration_s(span),
+            })
+    for row in out.values():
+        row["stages"].sort(key=lambda b: b["start_s"])
+        row["trajectories"].sort(key=lambda b: b["start_s"])
+    return [out[step] for step in sorted(out)]

@@ -1,0 +1,145 @@
+"""Finding and reading what ``otel-verl report`` / ``replay`` are pointed at.
+
+A path is a trace dir (``{trace_dir}/otlp/*.jsonl`` plus the legacy ``sample/*.csv``,
+``progress/*.log`` and ``trajectory/*.jsonl`` next to it), a directory of OTLP-JSON files
+(the Collector file exporter's ``*.jsonl`` / ``*.json``), or such a file. Anything else is
+an :class:`InputError` with a one-line message; the command line shows it without a
+traceback.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
+
+from otel_verl.exporters.otlp_json_file import _flat_span, attributes_to_dict
+
+OTLP_SUFFIXES = (".jsonl", ".json")
+
+
+class InputError(ValueError):
+    """A path given on the command line holds no readable trace data."""
+
+
+@dataclass
+class Inputs:
+    otlp_files: List[str] = field(default_factory=list)
+    # legacy files of trace dirs among the paths (for consistency checks)
+    sample_csv: List[str] = field(default_factory=list)
+    progress_logs: List[str] = field(default_factory=list)
+    trajectory_jsonl: List[str] = field(default_factory=list)
+
+    @property
+    def has_legacy(self) -> bool:
+        return bool(self.sample_csv or self.progress_logs or self.trajectory_jsonl)
+
+
+def _otlp_files_in(directory: str) -> List[str]:
+    return sorted(
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if name.endswith(OTLP_SUFFIXES) and os.path.isfile(os.path.join(directory, name))
+    )
+
+
+def resolve(paths: Sequence[str]) -> Inputs:
+    """The OTLP-JSON files (and legacy files) the paths stand for; :class:`InputError`
+    when a path is missing or holds nothing to read."""
+    if not paths:
+        raise InputError("no path given")
+    out = Inputs()
+    for path in paths:
+        if not os.path.exists(path):
+            raise InputError(f"{path}: no such file or directory")
+        if os.path.isfile(path):
+            out.otlp_files.append(path)
+            continue
+        if not os.path.isdir(path):
+            raise InputError(f"{path}: not a file or directory")
+        otlp_dir = os.path.join(path, "otlp")
+        if os.path.isdir(otlp_dir):  # a trace dir (otel_verl's, or a collector run dir)
+            files = _otlp_files_in(otlp_dir)
+            out.sample_csv += sorted(glob.glob(os.path.join(path, "sample", "*.csv")))
+            out.progress_logs += sorted(glob.glob(os.path.join(path, "progress", "*.log")))
+            out.trajectory_jsonl += sorted(glob.glob(os.path.join(path, "trajectory", "*.jsonl")))
+        else:
+            files = _otlp_files_in(path)
+        if not files:
+            raise InputError(f"{path}: no OTLP-JSON files (expected {os.path.join(path, 'otlp', '*.jsonl')} or *.jsonl / *.json in it)")
+        out.otlp_files += files
+    return out
+
+
+@dataclass
+class Truncated:
+    path: str
+    size: int  # bytes of the cut-off fragment
+
+
+@dataclass
+class Lines:
+    """What reading OTLP-JSON files found: truncated last lines are skipped, not errors."""
+
+    truncated: List[Truncated] = field(default_factory=list)
+    lines: int = 0
+
+
+def iter_lines(files: Sequence[str], lines: Lines) -> Iterator[Tuple[str, int, Dict[str, Any]]]:
+    """``(path, line number, {"resourceSpans": [...]})`` for every whole line.
+
+    A last line without its newline that does not parse is a file still being written
+    (or cut by a crash): recorded in ``lines.truncated`` and skipped. Any other line that
+    is not JSON, or JSON that is not OTLP trace data, is an :class:`InputError`."""
+    for path in files:
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        with f:
+            for number, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except ValueError:
+                    if not raw.endswith(b"\n"):
+                        lines.truncated.append(Truncated(path, len(raw)))
+                        continue
+                    raise InputError(f"{path}:{number}: not an OTLP-JSON line (is this a trace file?)") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("resourceSpans"), list):
+                    raise InputError(f"{path}:{number}: JSON but not OTLP trace data (no \"resourceSpans\" list)")
+                lines.lines += 1
+                yield path, number, obj
+
+
+def count_spans(obj: Dict[str, Any]) -> int:
+    return sum(
+        len(scope_spans.get("spans") or ())
+        for resource_spans in obj.get("resourceSpans") or ()
+        for scope_spans in resource_spans.get("scopeSpans") or ()
+    )
+
+
+def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
+    """Every span as the flat dict of :func:`otel_verl.exporters.otlp_json_file.spans_from_files`."""
+    out: List[Dict[str, Any]] = []
+    for path, number, obj in iter_lines(files, lines):
+        try:
+            for resource_spans in obj["resourceSpans"]:
+                resource = attributes_to_dict((resource_spans.get("resource") or {}).get("attributes"))
+                for scope_spans in resource_spans.get("scopeSpans") or ():
+                    scope = (scope_spans.get("scope") or {}).get("name", "")
+                    for span in scope_spans.get("spans") or ():
+                        flat = _flat_span(span, resource, scope)
+                        flat["dropped"] = {  # what SDK span limits cut off
+                            "attributes": int(span.get("droppedAttributesCount", 0)),
+                            "events": int(span.get("droppedEventsCount", 0)),
+                            "links": int(span.get("droppedLinksCount", 0)),
+                        }
+                        out.append(flat)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise InputError(f"{path}:{number}: malformed OTLP-JSON ({type(exc).__name__}: {exc})") from None
+    return out

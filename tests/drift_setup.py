@@ -1,0 +1,25 @@
+"""A Ray worker setup hook that makes every process look like a drifted verl release
+before otel_verl activates: one hooked method removed, one with a changed signature."""
+
+import functools
+
+
+def setup() -> None:
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    if "_call_tool" in vars(ToolAgentLoop):
+        del ToolAgentLoop._call_tool  # unused by the single-turn agent this run uses
+    original = RayPPOTrainer._compute_ref_log_prob
+    if not getattr(original, "_drifted", False):
+
+        @functools.wraps(original, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+        def _compute_ref_log_prob(self, data):  # the parameter was called `batch`
+            return original(self, data)
+
+        _compute_ref_log_prob._drifted = True
+        RayPPOTrainer._compute_ref_log_prob = _compute_ref_log_prob
+
+    from otel_verl import activation
+
+    activation.worker_setup()

@@ -1,0 +1,54 @@
+"""A verl release that moved or changed a hooked method: the hook is skipped with one
+warning in each process that imports it, and the traced run still completes."""
+
+import csv
+import glob
+import os
+
+import pytest
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def test_removed_and_changed_hooks_are_skipped_and_the_run_completes(tmp_path, monkeypatch):
+    from otel_verl import activation
+    from otel_verl.demo.harness import run_v0
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+
+    monkeypatch.setenv("VERL_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("OTEL_VERL_RUN_ID", "drift-run")
+    runtime_env = activation.runtime_env()
+    runtime_env["worker_process_setup_hook"] = "drift_setup.setup"
+    runtime_env["env_vars"]["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
+    summary = run_v0(str(tmp_path / "harness"), steps=1, prompts=2, n=2, agent="single", validate=False,
+                     trainer_in_actor=True, runtime_env=runtime_env, keep_ray=True)
+    try:
+        import ray
+
+        logs = ray._private.worker._global_node.get_logs_dir_path()
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert summary["steps_run"] == 1 and summary["trajectories_per_step"] == {1: 4}
+
+    warnings = []
+    for path in glob.glob(os.path.join(logs, "worker-*.err")):
+        with open(path, errors="replace") as f:
+            warnings += [line for line in f if "otel_verl: hook" in line and "skipped" in line]
+    ref = [w for w in warnings if "RayPPOTrainer._compute_ref_log_prob" in w]
+    tool = [w for w in warnings if "ToolAgentLoop._call_tool" in w]
+    assert len(ref) == 1 and "parameters changed (missing batch)" in ref[0]  # once, in the trainer
+    assert tool and all("not found" in w for w in tool)
+    assert len(tool) == len({os.path.basename(p) for p in glob.glob(os.path.join(logs, "worker-*.err"))
+                             if any("ToolAgentLoop._call_tool" in line for line in open(p, errors="replace"))})
+
+    # everything else is still traced; the skipped stage simply has no rows/spans
+    stages = set()
+    for path in glob.glob(str(tmp_path / "sample" / "*.csv")):
+        with open(path, newline="") as f:
+            stages |= {dict(p.split("=", 1) for p in row[5].split("|"))["stage"] for row in csv.reader(f)}
+    assert "TRAIN_REF_LOGPROB" not in stages
+    assert {"DATA_PREPROCESS", "AGENT_LOOP", "LLM_GENERATE", "TRAIN_LOGPROB", "TRAIN_UPDATE"} <= stages
+    names = {s["name"] for s in spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))}
+    assert "verl.sample_stage ref_log_prob" not in names and "verl.sample_stage old_log_prob" in names
