@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -74,6 +75,332 @@ def overrides() -> None:
 
     for line in hydra_overrides():
         click.echo(line)
+
+
+# --------------------------------------------------------------------------- doctor
+
+OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
+REQUIRED_COMPONENTS = ("trainer_v0", "agent_loop", "llm_client")  # llm_server: per engine, optional
+_STATE_STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", INFO: "dim"}
+
+
+@dataclasses.dataclass
+class _Check:
+    area: str  # versions, settings, output, hooks: one table each
+    name: str
+    state: str  # OK, WARN, FAIL, INFO
+    detail: str = ""
+    fix: str = ""  # one line, for WARN and FAIL
+    component: str = ""  # hooks: the instrumentation module that owns the hook
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_checks() -> list:
+    from packaging.requirements import Requirement
+
+    from otel_verl.instrumentation.package import _instruments
+    from otel_verl.version import __version__
+
+    checks = [_Check("versions", "otel-verl", OK, __version__), _Check("versions", "python", INFO, sys.version.split()[0])]
+    verl_req = Requirement(_instruments[0])
+    verl = _version("verl")
+    if verl is None:
+        checks.append(_Check("versions", "verl", FAIL, "not installed", f"pip install 'otel-verl[verl]' (verl {verl_req.specifier})"))
+    elif not verl_req.specifier.contains(verl, prereleases=True):
+        checks.append(_Check("versions", "verl", FAIL, f"{verl} is outside the supported range {verl_req.specifier}",
+                             f"install a supported verl: pip install 'verl{verl_req.specifier}'"))
+    else:
+        checks.append(_Check("versions", "verl", OK, f"{verl} (supported: {verl_req.specifier})"))
+    ray = _version("ray")
+    checks.append(_Check("versions", "ray", OK, ray) if ray else
+                  _Check("versions", "ray", FAIL, "not installed", "pip install ray (verl runs on Ray)"))
+    api, sdk = _version("opentelemetry-api"), _version("opentelemetry-sdk")
+    for dist in ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+                 "opentelemetry-exporter-otlp-proto-http"):
+        found = _version(dist)
+        checks.append(_Check("versions", dist, OK if found else WARN, found or "not installed",
+                             "" if found else f"pip install {dist}"))
+    if api and sdk and api != sdk:
+        checks.append(_Check("versions", "opentelemetry api/sdk", WARN, f"api {api} != sdk {sdk}",
+                             "install matching versions: pip install -U opentelemetry-api opentelemetry-sdk"))
+    return checks
+
+
+def _hook_checks() -> list:
+    """Install every hook in this process, import the verl modules they target, read
+    :func:`hooks.status`. Import noise (verl's warnings) is swallowed."""
+    import contextlib
+    import importlib
+    import io
+    import warnings
+
+    from otel_verl.instrumentation import all_hooks, hooks
+
+    targets = all_hooks()
+    hooks.install_all(targets)
+    import_errors: dict = {}
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for module in dict.fromkeys(h.module for h in targets):
+            try:
+                importlib.import_module(module)
+            except BaseException as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                import_errors[module] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    status = hooks.status()
+    checks = []
+    for hook in targets:
+        state, reason = status.get(hook.name, (hooks.PENDING, ""))
+        required = hook.component in REQUIRED_COMPONENTS
+        check = _Check("hooks", hook.name, OK, "installs", component=hook.component)
+        if state == hooks.INSTALLED:
+            pass
+        elif hook.module in import_errors:
+            check.detail = f"not importable here: {import_errors[hook.module]}"
+            if required:
+                check.state, check.fix = FAIL, "install verl with what its agent loop imports: pip install 'otel-verl[verl]'"
+            else:
+                check.state = INFO
+                check.detail += " (needed only where this LLM server runs)"
+        elif state == hooks.SKIPPED:
+            check.state, check.detail = (FAIL if required else WARN), f"skipped: {reason}"
+            check.fix = "use a verl in the supported range (see versions above) or report the drift"
+        else:
+            check.state, check.detail = WARN, f"{state}: {reason}"
+        checks.append(check)
+    return checks
+
+
+def _trace_dir_check(trace_dir: str | None) -> _Check:
+    import tempfile
+
+    if not trace_dir:
+        return _Check("output", "trace dir", INFO, "not set (no legacy files, no OTLP-JSON files)")
+    path = os.path.abspath(trace_dir)
+    probe = path
+    while not os.path.exists(probe):  # the first run creates it: its nearest existing ancestor must take it
+        probe = os.path.dirname(probe)
+    fix = f"choose a writable directory: VERL_TRACE_DIR=/writable/path (or fix the permissions of {probe})"
+    if not os.path.isdir(probe):
+        return _Check("output", "trace dir", FAIL, f"{path}: {probe} is not a directory", fix)
+    try:
+        with tempfile.NamedTemporaryFile(dir=probe, prefix=".otel-verl-doctor-"):
+            pass
+    except OSError as exc:
+        return _Check("output", "trace dir", FAIL, f"{path}: cannot create a file in {probe} ({exc.strerror or exc})", fix)
+    where = "writable" if probe == path else f"will be created (in writable {probe})"
+    return _Check("output", "trace dir", OK, f"{path}: {where}")
+
+
+def _endpoint_check(endpoint: str | None, timeout: float) -> _Check:
+    import socket
+    import urllib.parse
+
+    if not endpoint:
+        return _Check("output", "OTLP endpoint", INFO, "not set (spans go to {trace_dir}/otlp/ files when a trace dir is set)")
+    raw = endpoint if "://" in endpoint else "http://" + endpoint
+    fix = f"start the collector at {endpoint} or fix/unset OTEL_EXPORTER_OTLP_ENDPOINT (unset: spans go to {{trace_dir}}/otlp/)"
+    try:
+        parsed = urllib.parse.urlsplit(raw)
+        host, port = parsed.hostname, parsed.port
+    except ValueError as exc:
+        return _Check("output", "OTLP endpoint", FAIL, f"{endpoint}: not a URL ({exc})", "set OTEL_EXPORTER_OTLP_ENDPOINT=http://host:4317")
+    if not host:
+        return _Check("output", "OTLP endpoint", FAIL, f"{endpoint}: no host", "set OTEL_EXPORTER_OTLP_ENDPOINT=http://host:4317")
+    if port is None:
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
+        port = 443 if parsed.scheme == "https" else (4318 if protocol.startswith("http") or "/v1/traces" in parsed.path else 4317)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        return _Check("output", "OTLP endpoint", FAIL, f"{host}:{port} unreachable ({exc.strerror or exc})", fix)
+    return _Check("output", "OTLP endpoint", OK, f"{host}:{port} accepts connections")
+
+
+def _settings_checks(env: dict) -> tuple:
+    """``(checks, settings or None)``: otel_verl's variables and the OTLP protocol."""
+    checks = []
+    try:
+        cfg = settings.load(env)
+    except settings.ConfigError as exc:
+        var = str(exc).split("=", 1)[0]
+        return [_Check("settings", "environment", FAIL, str(exc), f"set {var} to a valid value or unset it")], None
+    if cfg.otlp_endpoint:
+        from otel_verl import bootstrap
+
+        try:
+            bootstrap._otlp_exporter().shutdown()  # the exporter a run would build
+        except settings.ConfigError as exc:
+            var = str(exc).split("=", 1)[0]
+            checks.append(_Check("settings", "OTLP protocol", FAIL, str(exc), f"set {var} to grpc or http/protobuf, or unset it"))
+        except Exception as exc:  # noqa: BLE001 - a broken exporter install is a finding
+            checks.append(_Check("settings", "OTLP exporter", FAIL, f"{type(exc).__name__}: {exc}",
+                                 "pip install -U opentelemetry-exporter-otlp"))
+    if cfg.enabled:
+        outputs = [o for o, on in (("legacy files", cfg.trace_dir), ("OTLP-JSON files", cfg.write_otlp_files),
+                                   ("OTLP", cfg.otlp_endpoint)) if on]
+        checks.append(_Check("settings", "tracing", OK, "on: " + ", ".join(outputs or ["in-process only (OTEL_VERL_ENABLED=1)"])))
+    elif cfg.sdk_disabled or cfg.forced is False:
+        checks.append(_Check("settings", "tracing", WARN, "forced off (OTEL_SDK_DISABLED / OTEL_VERL_ENABLED=0)",
+                             "unset OTEL_SDK_DISABLED and OTEL_VERL_ENABLED to trace"))
+    else:
+        checks.append(_Check("settings", "tracing", WARN, "off: nothing to export to",
+                             "set VERL_TRACE_DIR or OTEL_EXPORTER_OTLP_ENDPOINT, or launch with otel-verl run --trace-dir DIR"))
+    return checks, cfg
+
+
+@main.command()
+@click.option("--trace-dir", type=click.Path(file_okay=False), help="Check this trace dir (default: VERL_TRACE_DIR).")
+@click.option("--timeout", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds to wait for the OTLP endpoint.")
+@click.option("--no-hooks", is_flag=True, help="Skip importing verl and installing the hooks (a quick configuration check).")
+def doctor(trace_dir: str | None, timeout: float, no_hooks: bool) -> None:
+    """Check this environment: versions, which hooks install on this verl, the settings,
+    the trace dir and the OTLP endpoint. Exits 1 when something required is wrong."""
+    from collections import Counter
+
+    from rich import box
+    from rich.console import Console
+    from rich.markup import escape as rich_escape
+    from rich.table import Table
+
+    env = dict(os.environ)
+    if trace_dir:
+        env[settings.TRACE_DIR] = trace_dir
+    checks = _version_checks()
+    setting_checks, cfg = _settings_checks(env)
+    checks += setting_checks
+    checks.append(_trace_dir_check(cfg.trace_dir if cfg else (trace_dir or env.get(settings.TRACE_DIR))))
+    endpoint = cfg.otlp_endpoint if cfg else (env.get(settings.OTLP_TRACES_ENDPOINT) or env.get(settings.OTLP_ENDPOINT))
+    checks.append(_endpoint_check(endpoint, timeout))
+    if not no_hooks:
+        checks += _hook_checks()
+
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    for area in dict.fromkeys(c.area for c in checks):
+        mine = [c for c in checks if c.area == area]
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        if area == "hooks":
+            states = Counter(c.state for c in mine)
+            title = (f"hooks: {states[OK]} install, {states[FAIL] + states[WARN]} skipped or failing, "
+                     f"{states[INFO]} not importable here")
+            table.add_column("component", no_wrap=True)
+        else:
+            title = area
+        table.add_column("hook" if area == "hooks" else "check", no_wrap=True)
+        table.add_column("state", no_wrap=True)
+        table.add_column("detail")
+        for c in mine:
+            cells = [c.component] if area == "hooks" else []
+            table.add_row(*cells, rich_escape(c.name), f"[{_STATE_STYLE[c.state]}]{c.state}[/]", rich_escape(c.detail))
+        console.print(title, style="bold", markup=False)
+        console.print(table)
+    problems = [c for c in checks if c.state == FAIL]
+    warnings_ = [c for c in checks if c.state == WARN and c.fix]
+    for c in problems + warnings_:
+        click.echo(f"{'problem' if c.state == FAIL else 'warning'}: {c.name}: {c.detail}\n  fix: {c.fix}")
+    if problems:
+        click.echo(f"doctor: {len(problems)} problem(s)")
+        sys.exit(1)
+    click.echo("doctor: no problems" + (f" ({len(warnings_)} warning(s))" if warnings_ else ""))
+
+
+# --------------------------------------------------------------------------- report
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--png", type=click.Path(dir_okay=False), help="Draw the timeline (one row per step) into this PNG.")
+@click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Slowest trajectories to list.")
+def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> None:
+    """Where a run's time went: stage durations per step, rollout latency percentiles,
+    the slowest trajectories split into LLM / tools / reward, samples that never finished,
+    losses. PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the
+    Collector file exporter's)."""
+    import json
+
+    from otel_verl.report import InputError, build
+
+    try:
+        data = build(list(paths), top=top, unfinished_limit=None if as_json else 20)
+    except (InputError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # malformed data past the format checks: one line, no traceback
+        raise click.ClickException(f"cannot read {', '.join(paths)}: {type(exc).__name__}: {exc}") from None
+    for t in data["inputs"]["truncated_files"]:
+        click.echo(f"warning: {t['path']} ends with a truncated line ({t['bytes']} bytes; still being written?): skipped", err=True)
+    if png:
+        from otel_verl.report.timeline import draw
+
+        try:
+            data["png"] = {"path": png, **draw(data, png)}
+        except OSError as exc:
+            raise click.ClickException(f"{png}: cannot write the PNG ({exc.strerror or exc})") from None
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    from rich.console import Console
+
+    from otel_verl.report.text import render
+
+    render(data, Console(width=None if sys.stdout.isatty() else 200, highlight=False))
+    if png:
+        click.echo(f"timeline: {png}")
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--endpoint", required=True, help="OTLP/HTTP base URL (e.g. http://localhost:4318); /v1/traces is added.")
+@click.option("--protocol", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
+@click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header (repeatable).")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True, help="Seconds per request.")
+@click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True, help="Retries per line on 5xx/429/connection errors.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+def replay(files: Tuple[str, ...], endpoint: str, protocol: str, headers: Tuple[str, ...], timeout: float,
+           retries: int, progress: bool | None) -> None:
+    """Send OTLP-JSON FILES (or trace dirs / directories of them) to a collector, Jaeger or
+    Tempo over OTLP/HTTP. Exits 1 when some lines could not be sent."""
+    from otel_verl.replay import replay as run_replay
+    from otel_verl.report import InputError
+
+    header_map = {}
+    for item in headers:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--header")
+        header_map[key.strip()] = value.strip()
+    try:
+        result = run_replay(list(files), endpoint, protocol=protocol, headers=header_map, timeout=timeout,
+                            retries=retries, progress=progress)
+    except (InputError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for path, size in result.truncated:
+        click.echo(f"warning: {path} ends with a truncated line ({size} bytes; still being written?): skipped", err=True)
+    for error in result.errors:
+        click.echo(f"error: {error}", err=True)
+    click.echo(
+        f"replay: sent {result.spans_sent} of {result.spans} spans ({result.lines_sent} of {result.lines} lines, "
+        f"{result.files} files) to {result.url}; retries: {result.retries}; truncated: {len(result.truncated)}"
+    )
+    if result.lines_failed:
+        raise click.ClickException(
+            f"{result.lines_failed} of {result.lines} lines ({result.spans_failed} spans) could not be sent to {result.url}"
+        )
+    if result.spans_rejected:
+        raise click.ClickException(f"the receiver rejected {result.spans_rejected} span(s) (partial success)")
 
 
 if __name__ == "__main__":

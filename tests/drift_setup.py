@@ -1,8 +1,6 @@
 """A Ray worker setup hook that makes every process look like a drifted verl release
 before otel_verl activates: one hooked method removed, one with a changed signature."""
 
-import functools
-
 
 def setup() -> None:
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
@@ -13,10 +11,11 @@ def setup() -> None:
     original = RayPPOTrainer._compute_ref_log_prob
     if not getattr(original, "_drifted", False):
 
-        @functools.wraps(original, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
         def _compute_ref_log_prob(self, data):  # the parameter was called `batch`
             return original(self, data)
 
+        # no functools.wraps: its __wrapped__ would make inspect report the old signature
+        _compute_ref_log_prob.__qualname__ = "RayPPOTrainer._compute_ref_log_prob"
         _compute_ref_log_prob._drifted = True
         RayPPOTrainer._compute_ref_log_prob = _compute_ref_log_prob
 

@@ -32,16 +32,16 @@ def test_removed_and_changed_hooks_are_skipped_and_the_run_completes(tmp_path, m
         ray.shutdown()
     assert summary["steps_run"] == 1 and summary["trajectories_per_step"] == {1: 4}
 
-    warnings = []
+    per_process = {}  # one warning per skipped hook in each process that imports its module
     for path in glob.glob(os.path.join(logs, "worker-*.err")):
         with open(path, errors="replace") as f:
-            warnings += [line for line in f if "otel_verl: hook" in line and "skipped" in line]
-    ref = [w for w in warnings if "RayPPOTrainer._compute_ref_log_prob" in w]
-    tool = [w for w in warnings if "ToolAgentLoop._call_tool" in w]
-    assert len(ref) == 1 and "parameters changed (missing batch)" in ref[0]  # once, in the trainer
-    assert tool and all("not found" in w for w in tool)
-    assert len(tool) == len({os.path.basename(p) for p in glob.glob(os.path.join(logs, "worker-*.err"))
-                             if any("ToolAgentLoop._call_tool" in line for line in open(p, errors="replace"))})
+            per_process[path] = [line for line in f if "otel_verl: hook" in line and "skipped" in line]
+    ref = [[w for w in lines if "RayPPOTrainer._compute_ref_log_prob" in w] for lines in per_process.values()]
+    tool = [[w for w in lines if "ToolAgentLoop._call_tool" in w] for lines in per_process.values()]
+    assert any(ref) and any(tool)
+    assert all(len(w) <= 1 for w in ref + tool)
+    assert all("parameters changed (missing batch)" in w[0] for w in ref if w)
+    assert all("ToolAgentLoop._call_tool not found" in w[0] for w in tool if w)
 
     # everything else is still traced; the skipped stage simply has no rows/spans
     stages = set()

@@ -521,7 +521,9 @@ def run_v0(
         server: ``"standin"`` (:class:`LLMServerStandIn`) or ``"sglang"`` (verl's real
             ``SGLangHttpServer.generate`` over a stand-in engine).
         latency_s: simulated engine latency per request.
-        adv_estimator: ``grpo`` (default) or ``gae`` (adds the critic stand-in).
+        adv_estimator: ``grpo`` (default), ``gae`` (adds the critic stand-in) or any other
+            critic-free estimator of verl's, e.g. ``remax`` (fit adds one greedy baseline row
+            per prompt, ``__do_sample__=False``, to the same generate_sequences call).
         model_dir: stand-in model directory (default: the user cache, built on first use).
         overrides: extra Hydra overrides, applied last.
         trainer_in_actor: host the trainer in a Ray actor (like verl's TaskRunner) instead of here.
@@ -729,6 +731,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--server", choices=SERVER_KINDS, default="standin")
     parser.add_argument("--adv-estimator", default="grpo")
     parser.add_argument("--latency", type=float, default=0.05, help="simulated engine latency per request (s)")
+    parser.add_argument("--agent-name", default=None, help="registered agent loop to run (rows' agent_name)")
+    parser.add_argument("--agent-loop-config-path", default=None, help="YAML of custom agent loops")
     parser.add_argument("--trainer-in-actor", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="stream Ray worker logs")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (key=value)")
@@ -737,7 +741,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.out, steps=args.steps, prompts=args.prompts, n=args.n, agent=args.agent,
         validate=not args.no_validate, agent_workers=args.agent_workers, server=args.server,
         adv_estimator=args.adv_estimator, latency_s=args.latency, overrides=args.overrides,
-        trainer_in_actor=args.trainer_in_actor, log_to_driver=args.verbose,
+        trainer_in_actor=args.trainer_in_actor, log_to_driver=args.verbose, agent_name=args.agent_name,
+        agent_loop_config_path=args.agent_loop_config_path,
     )
     print("=" * 80)
     print(format_summary(summary))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 import os
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 
 def run_demo(
@@ -25,8 +25,21 @@ def run_demo(
     server: str = "sglang",
     validate: bool = True,
     extra_env: Optional[Dict[str, str]] = None,
+    adv_estimator: str = "grpo",
+    agent_name: Optional[str] = None,
+    agent_loop_config_path: Optional[str] = None,
+    worker_env: Optional[Dict[str, str]] = None,
+    overrides: Sequence[str] = (),
+    **harness_kwargs: Any,
 ) -> Dict[str, Any]:
-    """Run the traced demo and return the harness summary plus where the outputs are."""
+    """Run the traced demo and return the harness summary plus where the outputs are.
+
+    ``extra_env`` goes into this process's environment (and so is forwarded to the
+    workers when it is a tracing variable); ``worker_env`` only into the Ray workers'
+    runtime env (e.g. ``PYTHONPATH`` for a custom agent loop's module). ``adv_estimator``,
+    ``agent_name``, ``agent_loop_config_path``, ``overrides`` and any other keyword go to
+    :func:`otel_verl.demo.harness.run_v0`.
+    """
     trace_dir = os.path.abspath(trace_dir)
     os.makedirs(trace_dir, exist_ok=True)
     os.environ["VERL_TRACE_DIR"] = trace_dir
@@ -39,6 +52,9 @@ def run_demo(
     from otel_verl.demo.harness import run_v0
 
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
+    runtime_env = activation.runtime_env()
+    runtime_env["env_vars"].update(worker_env or {})
+    harness_kwargs.setdefault("trainer_in_actor", True)
     summary = run_v0(
         os.path.join(trace_dir, "harness"),
         steps=steps,
@@ -47,8 +63,12 @@ def run_demo(
         agent=agent,
         server=server,
         validate=validate,
-        trainer_in_actor=True,
-        runtime_env=activation.runtime_env(),
+        runtime_env=runtime_env,
+        adv_estimator=adv_estimator,
+        agent_name=agent_name,
+        agent_loop_config_path=agent_loop_config_path,
+        overrides=overrides,
+        **harness_kwargs,
     )
     bootstrap.shutdown()
     summary["outputs"] = outputs(trace_dir)

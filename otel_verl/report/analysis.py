@@ -226,7 +226,7 @@ def _read_csv_rows(paths: Sequence[str]) -> Iterable[List[str]]:
             yield from csv.reader(f)
 
 
-def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit: int) -> Dict[str, Any]:
+def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit: Optional[int]) -> Dict[str, Any]:
     roots: Dict[str, Dict[str, Any]] = {}
     validation_uids = set()
     last_seen: Dict[str, Tuple[int, str, Any]] = {}  # uid -> (time ns, where, step)
@@ -278,7 +278,7 @@ def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit
         "outcomes": dict(sorted(outcomes.items())),
         "csv_uids": len(csv_uids),
         "unfinished_count": len(unfinished),
-        "unfinished": unfinished[: max(0, limit)],
+        "unfinished": unfinished if limit is None else unfinished[: max(0, limit)],
     }
 
 
@@ -325,8 +325,9 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
     }
 
 
-def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: int = 20) -> Dict[str, Any]:
-    """The whole report as a JSON-ready dict (see :mod:`otel_verl.report` for its keys)."""
+def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
+    """The whole report as a JSON-ready dict (see :mod:`otel_verl.report` for its keys);
+    ``unfinished_limit`` caps the listed unfinished samples (``None``: all)."""
     from otel_verl.report.inputs import InputError
 
     inputs = resolve(paths)

@@ -13,8 +13,10 @@ def _s(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _table(title: str, columns: List[str]) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+def _table(console: Console, title: str, columns: List[str]) -> Table:
+    console.print()
+    console.print(title, markup=False, highlight=False, style="bold")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     return table
@@ -31,7 +33,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
     console.print(f"truncated: {inputs['truncated']}", markup=False, highlight=False)
 
     stages = report["stage_order"]
-    table = _table("Steps (s): verl.step and its verl.stage spans", ["step", "total", *stages, "other"])
+    table = _table(console, "Steps (s): verl.step and its verl.stage spans", ["step", "total", *stages, "other"])
     for row in report["steps"]:
         table.add_row(
             str(row["step"]) + ("" if row["finished"] else " (open)"),
@@ -41,12 +43,12 @@ def render(report: Dict[str, Any], console: Console) -> None:
         )
     console.print(table)
 
-    table = _table("Rollout latency per step (s): trajectory (invoke_agent) spans", ["step", "trajectories", "p50", "p90", "p99", "max"])
+    table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans", ["step", "trajectories", "p50", "p90", "p99", "max"])
     for row in report["rollout_latency"]:
         table.add_row(str(row["step"]), str(row["count"]), _s(row["p50_s"]), _s(row["p90_s"]), _s(row["p99_s"]), _s(row["max_s"]))
     console.print(table)
 
-    table = _table(
+    table = _table(console, 
         f"Slowest trajectories (s) of {report['trajectories']}: LLM = client time of its LLM spans, "
         "of which the server's queue / prefill / decode, and the client-side rest",
         ["uid/traj", "step", "total", "turns", "LLM", "queue", "prefill", "decode", "client", "tools", "reward", "other"],
@@ -66,7 +68,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
     if not samples["unfinished_count"]:
         console.print("never finished: none", markup=False, highlight=False)
     else:
-        table = _table(f"never finished: {samples['unfinished_count']}", ["uid", "step", "state", "last seen"])
+        table = _table(console, f"never finished: {samples['unfinished_count']}", ["uid", "step", "state", "last seen"])
         for u in samples["unfinished"]:
             table.add_row(u["uid"], str(u["step"] if u["step"] is not None else "-"), u["state"], u["last_seen"])
         console.print(table)
@@ -83,7 +85,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
         markup=False, highlight=False,
     )
     if losses["consistency"]:
-        table = _table("Legacy files vs spans", ["legacy output", "lines", "trajectory spans", "verdict"])
+        table = _table(console, "Legacy files vs spans", ["legacy output", "lines", "trajectory spans", "verdict"])
         for c in losses["consistency"]:
             table.add_row(c["what"], str(c["legacy"]), str(c["trajectory_spans"]), c["verdict"])
         console.print(table)

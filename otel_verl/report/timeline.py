@@ -12,9 +12,10 @@ from typing import Any, Dict, List
 
 ROW_INCHES = 1.9  # height of one step's row
 HEADER_INCHES = 0.9  # title and legend
+FOOTER_INCHES = 0.5  # x axis labels
 WIDTH_INCHES = 11.0
 DPI = 90
-TRAJECTORY_COLOR = "#4c72b0"
+TRAJECTORY_COLOR = "#3b3b3b"
 
 
 def layout(report: Dict[str, Any]) -> Dict[str, Any]:
@@ -23,7 +24,7 @@ def layout(report: Dict[str, Any]) -> Dict[str, Any]:
     return {
         "rows": [{"step": r["step"], "stage_bars": len(r["stages"]), "trajectory_bars": len(r["trajectories"])} for r in rows],
         "width_px": round(WIDTH_INCHES * DPI),
-        "height_px": round((HEADER_INCHES + ROW_INCHES * max(1, len(rows))) * DPI),
+        "height_px": round((HEADER_INCHES + FOOTER_INCHES + ROW_INCHES * max(1, len(rows))) * DPI),
         "stages": sorted({b["stage"] for r in rows for b in r["stages"]}, key=_stage_key(report)),
     }
 
@@ -44,42 +45,54 @@ def draw(report: Dict[str, Any], path: str) -> Dict[str, Any]:
 
     info = layout(report)
     rows: List[Dict[str, Any]] = report["timeline"]
-    n = max(1, len(rows))
+    height_in = info["height_px"] / DPI
     fig, axes = plt.subplots(
-        n, 1, squeeze=False,
-        figsize=(info["width_px"] / DPI, info["height_px"] / DPI), dpi=DPI,
+        max(1, len(rows)), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 2]},
+        figsize=(info["width_px"] / DPI, height_in), dpi=DPI,
     )
     palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
     colors = {stage: palette[i % len(palette)] for i, stage in enumerate(info["stages"])}
     try:
-        for ax, row in zip(axes[:, 0], rows):
+        for (gantt, rollout), row in zip(axes, rows):
             trajs = row["trajectories"]
-            lanes = max(1, len(trajs))
-            # trajectories fill [0, 1); the stage lane sits above them at [1.15, 1.75)
-            if trajs:  # one collection per step: stacked thin bars, one lane each
-                height = 1.0 / lanes
+            # left: the whole step, stages as bars; the trajectories' window as a thin bar below
+            for b in row["stages"]:
+                gantt.broken_barh([(b["start_s"], b["duration_s"])], (0.4, 0.6), facecolors=colors[b["stage"]])
+            if trajs:
+                lo = min(b["start_s"] for b in trajs)
+                hi = max(b["start_s"] + b["duration_s"] for b in trajs)
+                gantt.broken_barh([(lo, hi - lo)], (0.05, 0.2), facecolors=TRAJECTORY_COLOR)
+            ends = [b["start_s"] + b["duration_s"] for b in row["stages"] + trajs]
+            gantt.set_xlim(0, max(ends + [1e-3]) * 1.01)
+            gantt.set_ylim(0, 1.05)
+            gantt.set_yticks([0.15, 0.7], ["rollouts", "stages"], fontsize=8)
+            gantt.set_title(f"step {row['step']}", loc="left", fontsize=9, fontweight="bold")
+            # right: the rollout window, one thin bar per trajectory, stacked by start time
+            if trajs:
+                lanes = len(trajs)
                 verts = []
                 for i, b in enumerate(trajs):
-                    y0, y1 = i * height, (i + 0.8) * height
+                    y0, y1 = i / lanes, (i + 0.8) / lanes
                     x0, x1 = b["start_s"], b["start_s"] + b["duration_s"]
                     verts.append([(x0, y0), (x0, y1), (x1, y1), (x1, y0)])
-                ax.add_collection(PolyCollection(verts, facecolors=TRAJECTORY_COLOR, edgecolors="none"))
-            for b in row["stages"]:
-                ax.broken_barh([(b["start_s"], max(b["duration_s"], 0.0))], (1.15, 0.6), facecolors=colors[b["stage"]])
-            ends = [b["start_s"] + b["duration_s"] for b in row["stages"] + trajs] or [1.0]
-            ax.set_xlim(0, max(ends) * 1.01 or 1.0)
-            ax.set_ylim(-0.05, 1.8)
-            ax.set_yticks([0.5, 1.45], [f"{len(trajs)} traj.", "stages"], fontsize=8)
-            ax.set_ylabel(f"step {row['step']}", rotation=0, ha="right", va="center", fontsize=10)
-            ax.tick_params(axis="x", labelsize=8)
-            ax.grid(axis="x", alpha=0.3)
-        axes[-1, 0].set_xlabel("seconds since the step started")
+                rollout.add_collection(PolyCollection(verts, facecolors=TRAJECTORY_COLOR, edgecolors="none"))
+                pad = (hi - lo) * 0.02 or 1e-3
+                rollout.set_xlim(lo - pad, hi + pad)
+            rollout.set_ylim(0, 1)
+            rollout.set_yticks([])
+            rollout.set_ylabel(f"{len(trajs)} traj.", fontsize=8)
+            for ax in (gantt, rollout):
+                ax.tick_params(axis="x", labelsize=8)
+                ax.grid(axis="x", alpha=0.3)
+        axes[-1, 0].set_xlabel("seconds since the step started", fontsize=9)
+        axes[-1, 1].set_xlabel("rollout window (same clock)", fontsize=9)
         handles = [Patch(color=colors[s], label=s) for s in info["stages"]]
         handles.append(Patch(color=TRAJECTORY_COLOR, label="trajectory (invoke_agent)"))
-        fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
-        fig.suptitle("otel-verl timeline: stages and rollouts per step", y=1 - 0.15 / (info["height_px"] / DPI), fontsize=10)
-        fig.subplots_adjust(left=0.12, right=0.98, top=1 - HEADER_INCHES / (info["height_px"] / DPI),
-                            bottom=0.45 / (info["height_px"] / DPI), hspace=0.45)
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / height_in),
+                   ncol=min(len(handles), 7), fontsize=8, frameon=False)
+        fig.suptitle("otel-verl timeline: stages and rollouts per step", y=1 - 0.05 / height_in, fontsize=10)
+        fig.subplots_adjust(left=0.08, right=0.98, top=1 - HEADER_INCHES / height_in,
+                            bottom=FOOTER_INCHES / height_in, hspace=0.6, wspace=0.08)
         fig.savefig(path, dpi=DPI)
     finally:
         plt.close(fig)

@@ -1,0 +1,25 @@
+"""``otel-verl report``: where a run's time went, read back from its spans.
+
+Input: a trace dir (``{trace_dir}/otlp/*.jsonl`` and the legacy files next to it), or
+OTLP-JSON files / directories written by otel_verl or by the Collector's file exporter
+(same format). :func:`build` returns the report as a JSON-ready dict:
+
+- ``inputs``: files, lines, spans, traces, ``truncated`` (last lines cut short, skipped);
+- ``steps``: per ``verl.global_step`` the step span's duration, each stage's time
+  (``stage_order`` gives the columns) and ``other_s`` (step time no stage covers);
+- ``rollout_latency``: per step, p50/p90/p99/max of the trajectory span durations;
+- ``slowest_trajectories``: the slowest trajectories split into LLM (client; and the
+  server's queue / prefill / decode when it reported them), tools, reward, other;
+- ``samples``: ``verl.sample`` outcomes and the samples that never finished;
+- ``losses``: drop counters (none recorded in files), SDK span-limit drops, and the
+  legacy-files-vs-spans consistency checks;
+- ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`.
+
+:func:`otel_verl.report.text.render` prints it as tables; :func:`otel_verl.report.timeline.draw`
+draws the PNG.
+"""
+
+from otel_verl.report.analysis import build
+from otel_verl.report.inputs import InputError
+
+__all__ = ["build", "InputError"]
