@@ -10,24 +10,27 @@ Two measurements in one invocation:
    ``SingleTurnAgentLoop``, verl's ``SGLangHttpServer.generate`` over the stand-in engine)
    with tracing off (stock verl) and on (legacy files under a trace dir + OTLP/HTTP to a
    sink in this process), alternately (off, on, off, on, ...), each run in a fresh
-   subprocess with its own Ray cluster. The trainer runs in that subprocess; the
-   harness's ``on_fit`` hook reads the CPU time (user + system, all threads: the event
-   loop, the writer threads, the OTLP export thread) of every AgentLoopWorker process
-   (``psutil``, pids from the actors' ``__ray_call__``) right before ``fit()`` and right
-   after it (fit's end flushes the workers' outputs, so their writing is included).
-   Before the first reading each worker builds its tracing pipeline
-   (``bootstrap.ensure``): that one-time set-up is reported on its own, not per turn.
-   Added CPU = median(on) - median(off); per LLM turn / per trajectory = that divided by
-   the run's counts (generate calls the servers answered, trajectories of the rollout
-   dumps). Ray's own threads and the shared machine make this noisy.
+   subprocess with its own Ray cluster. The trainer runs in that subprocess; through
+   the harness's ``on_fit`` hook the script reads the CPU time (user + system, all
+   threads: the event loop, the writer threads, the OTLP export thread) of every
+   AgentLoopWorker process (``psutil``, pids from the actors' ``__ray_call__``) when the
+   first measured step starts generating (after ``--warmup-steps``, which pay the
+   one-time costs: first files, first export connection, first-call code paths) and
+   again after ``fit()`` returned (fit's end flushes the workers' outputs, so all their
+   writing and exporting is included). Before fit each worker builds its tracing
+   pipeline (``bootstrap.ensure``; reported on its own). Added CPU = median(on) -
+   median(off); per LLM turn / per trajectory = that divided by the measured steps'
+   counts (generate calls the servers answered, trajectories of the rollout dumps).
+   Ray's own threads and the shared machine make this noisy.
 2. **In-process attribution.** The rollout worker's events-API calls for N trajectories
    (``events.trajectory`` / ``agent_run`` / ``llm_call`` + ``Turn.finish`` / ``reward`` /
    ``agent_metrics``, with the carrier unpickled as Ray does) through the real
    processors, added one at a time: spans only, + progress log, + sample CSV, +
    trajectory JSONL (decoding with the stand-in tokenizer), + OTLP/HTTP export. CPU is
    ``time.process_time`` (all threads) until everything is written/exported, minus the
-   same loop with tracing off; "event loop" is the calling thread alone
-   (``time.thread_time``). Per LLM turn = the slope between 1-turn and 8-turn
+   same loop with tracing off, best of ``--micro-repeats`` (a repeat on a shared machine
+   only ever gets slower than the code's own cost); "event loop" is the calling thread
+   alone (``time.thread_time``). Per LLM turn = the slope between 1-turn and 8-turn
    trajectories. ``cProfile`` of the calling thread lists the top functions.
 
 Targets: <= 100 us per LLM turn, <= 250 us per single-turn trajectory (its JSONL line
@@ -146,34 +149,53 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class WorkerCpuProbe:
-    """``run_v0(on_fit=...)``: CPU seconds of each AgentLoopWorker process during fit."""
+    """``run_v0(on_fit=...)``: CPU seconds of each AgentLoopWorker process from the start
+    of the generation of step ``warmup_steps + 1`` to the end of fit (which flushes the
+    workers' outputs). The warm-up steps pay the one-time costs (first files, first
+    export connection, first-call paths); the pipeline set-up itself is measured before."""
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.generations = 0
         self.pids: List[int] = []
-        self.setup_s: Dict[int, float] = {}
+        self.setup_s = 0.0
         self.start: Dict[int, float] = {}
         self.t0 = 0.0
 
     def __call__(self, trainer: Any, phase: str) -> Any:
         import ray
 
-        handles = list(trainer.async_rollout_manager.agent_loop_workers)
+        manager = trainer.async_rollout_manager
+        handles = list(manager.agent_loop_workers)
         if phase == "start":
             self.pids = ray.get([h.__ray_call__.remote(_actor_pid) for h in handles])
-            before = {pid: _cpu_seconds(pid) for pid in self.pids}
+            before = self._read()
             ray.get([h.__ray_call__.remote(_actor_tracing_setup) for h in handles])
-            self.start = {pid: _cpu_seconds(pid) for pid in self.pids}
-            self.setup_s = {pid: self.start[pid] - before[pid] for pid in self.pids}
-            self.t0 = time.time()
+            self.setup_s = sum(self._read().values()) - sum(before.values())
+            generate = manager.generate_sequences  # (instrumented when tracing is on)
+
+            def generate_sequences(*args: Any, **kwargs: Any) -> Any:
+                self.generations += 1
+                if self.generations == self.warmup_steps + 1:
+                    self.start, self.t0 = self._read(), time.time()
+                return generate(*args, **kwargs)
+
+            manager.generate_sequences = generate_sequences  # instance attribute: fit calls it
             return None
-        end = {pid: _cpu_seconds(pid) for pid in self.pids}
+        end = self._read()
+        if not self.start:
+            raise RuntimeError(f"fit ran {self.generations} generations; the probe needs more than {self.warmup_steps}")
         return {
             "pids": self.pids,
-            "fit_wall_s": time.time() - self.t0,
+            "measured_wall_s": time.time() - self.t0,
             "worker_cpu_s": sum(end[pid] - self.start[pid] for pid in self.pids),
             "per_worker_cpu_s": [end[pid] - self.start[pid] for pid in self.pids],
-            "setup_cpu_s": sum(self.setup_s.values()),
+            "setup_cpu_s": self.setup_s,
+            "generations": self.generations,
         }
+
+    def _read(self) -> Dict[int, float]:
+        return {pid: _cpu_seconds(pid) for pid in self.pids}
 
 
 def _actor_pid(actor: Any = None) -> int:
@@ -201,9 +223,9 @@ def child_e2e(args: argparse.Namespace) -> Dict[str, Any]:
 
         activation.activate()
         runtime_env = activation.runtime_env()
-    probe = WorkerCpuProbe()
+    probe = WorkerCpuProbe(args.warmup_steps)
     summary = run_v0(
-        args.out, steps=args.steps, prompts=args.prompts, n=args.n, agent=args.agent, validate=False,
+        args.out, steps=args.warmup_steps + args.steps, prompts=args.prompts, n=args.n, agent=args.agent, validate=False,
         server="sglang", runtime_env=runtime_env, on_fit=probe, agent_workers=args.agent_workers,
         latency_s=args.latency,
     )
@@ -212,11 +234,15 @@ def child_e2e(args: argparse.Namespace) -> Dict[str, Any]:
 
         bootstrap.shutdown()
     result = dict(summary["on_fit"])
+    measured = [step for step in summary["trajectories_per_step"] if int(step) > args.warmup_steps]
+    all_trajectories = sum(summary["trajectories_per_step"].values())
+    trajectories = sum(summary["trajectories_per_step"][step] for step in measured)
     result.update({
         "mode": args.mode,
         "steps_run": summary["steps_run"],
-        "trajectories": sum(summary["trajectories_per_step"].values()),
-        "llm_turns": summary["server"]["requests"],
+        "trajectories": trajectories,
+        # generate calls the servers answered, in the measured steps' share
+        "llm_turns": summary["server"]["requests"] * trajectories / max(1, all_trajectories),
         "fit_s": summary["timings"].get("fit_s"),
     })
     if args.mode == "on":
@@ -239,6 +265,7 @@ def _count_lines(directory: str) -> int:
 
 PROMPT_TOKENS, COMPLETION_TOKENS = 86, 24
 MICRO_VARIANTS = ("spans", "+progress", "+csv", "+jsonl", "+otlp")
+PACE_S = 0.002  # paced runs: one trajectory every ~2 ms
 
 
 def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
@@ -274,7 +301,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     return provider
 
 
-def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[bytes]) -> None:
+def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[bytes], pace_s: float = 0.0) -> None:
     """What the wrappers do in a rollout worker for ``count`` trajectories of ``turns``
     LLM turns each (single-turn shape when turns == 1)."""
     import pickle
@@ -286,6 +313,7 @@ def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[
     meta = {"e2e_latency": 0.06, "queue_time": 0.0001, "request_received_ts": 1.0, "prefill_finished_ts": 1.01,
             "prefill_launch_latency": 0.0001}
     decode, encode = (tokenizer.decode, tokenizer.encode) if tokenizer is not None else (None, None)
+    request_id = uuid.uuid4().hex
     for i in range(count):
         kwargs = {carriers.COLUMN: pickle.loads(carrier_bytes[i % len(carrier_bytes)]), "uid": f"u{i}"}
         carrier = carriers.pop_kwargs(kwargs)
@@ -295,7 +323,7 @@ def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[
             with events.agent_run("SingleTurnAgentLoop"):
                 ids = list(prompt_ids)
                 for _ in range(turns):
-                    with events.llm_call(ids, model="tiny-qwen2", provider="sglang", request_id=uuid.uuid4().hex,
+                    with events.llm_call(ids, model="tiny-qwen2", provider="sglang", request_id=request_id,
                                          max_tokens=128, temperature=1.0, top_p=1.0) as turn:
                         turn.carrier()  # the request-id tag for the server
                         turn.finish(completion_ids, stop_reason="stop", output_tokens=COMPLETION_TOKENS,
@@ -305,6 +333,8 @@ def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[
                 reward.score(1.0)
             events.agent_metrics({"generate_sequences": 0.06, "tool_calls": 0.0, "compute_score": 0.001,
                                   "num_preempted": -1})
+        if pace_s:
+            time.sleep(pace_s)
 
 
 def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
@@ -335,7 +365,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
     count, root = args.micro_trajectories, tempfile.mkdtemp(prefix="otel_verl_bench_micro_")
     sys_stdout, sys.stdout = sys.stdout, open(os.devnull, "w")  # progress lines also go to stdout
 
-    def measure(variant: Optional[str], turns: int) -> Dict[str, float]:
+    def measure(variant: Optional[str], turns: int, pace_s: float = 0.0, n: int = count) -> Dict[str, float]:
         provider = _micro_pipeline(variant, os.path.join(root, f"{variant}-{turns}"), args.endpoint) if variant else None
         if provider is None:
             events._install(None)
@@ -344,7 +374,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
             provider.force_flush()
         gc.collect()
         p0, t0 = time.process_time(), time.thread_time()
-        _micro_workload(count, turns, tokenizer, carrier_bytes)
+        _micro_workload(n, turns, tokenizer, carrier_bytes, pace_s)
         t1 = time.thread_time()
         if provider is not None:
             provider.force_flush()
@@ -352,22 +382,31 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
         if provider is not None:
             provider.shutdown()
             events._install(None)
-        return {"total_us": (p1 - p0) / count * 1e6, "loop_us": (t1 - t0) / count * 1e6}
+        return {"total_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6}
 
-    results: Dict[str, Any] = {"trajectories": count, "variants": {}}
+    # Best of the repeats (as timeit does): on a shared machine a repeat only ever gets
+    # slower (preemption, cache thrash), never faster, than the code's own cost.
+    results: Dict[str, Any] = {"trajectories": count, "repeats": args.micro_repeats, "variants": {}}
     try:
         for turns in (1, 8):
-            base = statistics.median(measure(None, turns)["total_us"] for _ in range(3))
-            base_loop = statistics.median(measure(None, turns)["loop_us"] for _ in range(3))
+            base_runs = [measure(None, turns) for _ in range(args.micro_repeats)]
+            base, base_loop = min(r["total_us"] for r in base_runs), min(r["loop_us"] for r in base_runs)
             for variant in MICRO_VARIANTS:
                 runs = [measure(variant, turns) for _ in range(args.micro_repeats)]
                 results["variants"][f"{variant}/{turns}"] = {
-                    "total_us": statistics.median(r["total_us"] for r in runs) - base,
-                    "loop_us": statistics.median(r["loop_us"] for r in runs) - base_loop,
+                    "total_us": min(r["total_us"] for r in runs) - base,
+                    "loop_us": min(r["loop_us"] for r in runs) - base_loop,
                 }
+        # Events spread out in time, as in a worker waiting on its LLM calls: every
+        # output's writer thread (and the export thread) wakes up for fewer lines.
+        paced_n = max(20, count // 4)
+        for variant in (None, "+otlp"):
+            runs = [measure(variant, 1, PACE_S, paced_n) for _ in range(args.micro_repeats)]
+            results[f"paced/{variant or 'off'}"] = {k: min(r[k] for r in runs) for k in ("total_us", "loop_us")}
+        results["paced"] = {k: results["paced/+otlp"][k] - results["paced/off"][k] for k in ("total_us", "loop_us")}
         # where the calling thread's time goes (full pipeline, single turn)
         provider = _micro_pipeline("+otlp", os.path.join(root, "profile"), args.endpoint)
-        profiler = cProfile.Profile()
+        profiler = cProfile.Profile(time.thread_time)  # CPU time: waiting for a core on a busy machine is no cost
         profiler.enable()
         _micro_workload(count, 1, tokenizer, carrier_bytes)
         profiler.disable()
@@ -390,7 +429,7 @@ def _run_child(kind: str, args: argparse.Namespace, env: Dict[str, str], extra: 
     fd, result_path = tempfile.mkstemp(prefix="bench_worker_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--result", result_path,
-           "--steps", str(args.steps), "--prompts", str(args.prompts), "--n", str(args.n), "--agent", args.agent,
+           "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--prompts", str(args.prompts), "--n", str(args.n), "--agent", args.agent,
            "--agent-workers", str(args.agent_workers), "--latency", str(args.latency),
            "--micro-trajectories", str(args.micro_trajectories), "--micro-repeats", str(args.micro_repeats)] + extra
     log_path = result_path[:-5] + ".log"
@@ -401,7 +440,10 @@ def _run_child(kind: str, args: argparse.Namespace, env: Dict[str, str], extra: 
             tail = f.read()[-4000:]
         raise RuntimeError(f"{kind} child failed (rc={proc.returncode}); log {log_path}:\n{tail}")
     with open(result_path) as f:
-        return json.load(f)
+        result = json.load(f)
+    for path in (result_path, log_path):
+        os.remove(path)
+    return result
 
 
 def _median(values: List[float]) -> float:
@@ -420,7 +462,7 @@ def run_e2e(args: argparse.Namespace, sink: SpanSink, work: str) -> Dict[str, An
             res["spans_received"] = sink.count() - spans_before
             res["run_s"] = time.time() - t
             runs[mode].append(res)
-            print(f"  {mode:3s} #{r}: worker CPU {res['worker_cpu_s']:.3f}s over fit {res['fit_wall_s']:.1f}s, "
+            print(f"  {mode:3s} #{r}: worker CPU {res['worker_cpu_s']:.3f}s over {res['measured_wall_s']:.1f}s, "
                   f"{res['trajectories']} trajectories, {res['llm_turns']} LLM turns"
                   + (f", {res['spans_received']} spans exported, {res.get('jsonl_lines')} JSONL lines" if mode == "on" else ""),
                   flush=True)
@@ -477,12 +519,13 @@ def report(args: argparse.Namespace, e2e: Optional[Dict[str, Any]], micro: Optio
         ok_traj = e2e["per_trajectory_us"] <= TARGET_TRAJ_US
         ok_turn = e2e["per_turn_us"] <= TARGET_TURN_US
         lines += [
-            f"### End to end: AgentLoopWorker processes during fit ({args.steps} step x {args.prompts} prompts x n={args.n}, "
-            f"{args.agent} agent, {args.agent_workers} workers; median of {args.repeats} alternating off/on runs)",
+            f"### End to end: AgentLoopWorker processes during fit ({args.warmup_steps} warm-up + {args.steps} measured "
+            f"step(s) x {args.prompts} prompts x n={args.n}, {args.agent} agent, {args.agent_workers} workers; median of "
+            f"{args.repeats} alternating off/on runs)",
             "",
             "| | tracing off | tracing on | added |",
             "|---|---|---|---|",
-            f"| worker CPU during fit (all workers) | {e2e['off_cpu_s']:.3f} s "
+            f"| worker CPU, measured steps to end of fit (all workers) | {e2e['off_cpu_s']:.3f} s "
             f"[{e2e['off_spread_s'][0]:.3f}-{e2e['off_spread_s'][1]:.3f}] | {e2e['on_cpu_s']:.3f} s "
             f"[{e2e['on_spread_s'][0]:.3f}-{e2e['on_spread_s'][1]:.3f}] | {e2e['added_cpu_s'] * 1000:.1f} ms |",
             f"| per trajectory ({e2e['trajectories']:.0f}) | | | {e2e['per_trajectory_us']:.0f} us "
@@ -500,7 +543,9 @@ def report(args: argparse.Namespace, e2e: Optional[Dict[str, Any]], micro: Optio
         ] + micro_table(micro) + [
             "",
             f"Full pipeline: {micro['variants']['+otlp/1']['total_us']:.0f} us per single-turn trajectory "
-            f"(target {TARGET_TRAJ_US:.0f}), {micro_per_turn(micro):.0f} us per extra LLM turn (target {TARGET_TURN_US:.0f}).",
+            f"(target {TARGET_TRAJ_US:.0f}), {micro_per_turn(micro):.0f} us per extra LLM turn (target {TARGET_TURN_US:.0f}). "
+            f"Paced (one single-turn trajectory every {PACE_S * 1000:.0f} ms, as events arrive in a worker): "
+            f"{micro['paced']['total_us']:.0f} us per trajectory, {micro['paced']['loop_us']:.0f} us of it on the event loop.",
             "",
         ]
     return "\n".join(lines)
@@ -533,14 +578,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny run for CI: checks that everything works")
     parser.add_argument("--repeats", type=int, default=2, help="off/on pairs (alternating)")
-    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1, help="measured steps (after the warm-up steps)")
+    parser.add_argument("--warmup-steps", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--agent", choices=("single", "tool"), default="single")
     parser.add_argument("--agent-workers", type=int, default=2)
     parser.add_argument("--latency", type=float, default=0.05, help="stand-in engine latency per request (s)")
-    parser.add_argument("--micro-trajectories", type=int, default=2000)
-    parser.add_argument("--micro-repeats", type=int, default=3)
+    parser.add_argument("--micro-trajectories", type=int, default=1000)
+    parser.add_argument("--micro-repeats", type=int, default=5)
     parser.add_argument("--no-e2e", action="store_true")
     parser.add_argument("--no-micro", action="store_true")
     parser.add_argument("--no-doc", action="store_true", help=f"do not update {os.path.relpath(DOC, ROOT)}")
@@ -562,7 +608,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     command = "python benchmarks/bench_worker_overhead.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     if args.quick:
-        args.repeats, args.steps, args.prompts, args.n = 1, 1, 2, 2
+        args.repeats, args.warmup_steps, args.steps, args.prompts, args.n = 1, 1, 1, 2, 2
         args.micro_trajectories, args.micro_repeats = 100, 1
     work = args.work_dir or tempfile.mkdtemp(prefix="otel_verl_bench_worker_")
     sink = SpanSink()
@@ -589,7 +635,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.quick:
         if e2e is not None:
             on = e2e["runs"]["on"][0]
-            ok = on["trajectories"] == args.prompts * args.n and on["jsonl_lines"] == on["trajectories"] and on["spans_received"] > 0
+            expected = (args.warmup_steps + args.steps) * args.prompts * args.n
+            ok = on["trajectories"] == args.steps * args.prompts * args.n and on["jsonl_lines"] == expected and on["spans_received"] > 0
             print(f"quick check: trajectories={on['trajectories']} jsonl_lines={on['jsonl_lines']} "
                   f"spans_received={on['spans_received']} -> {'ok' if ok else 'FAILED'}")
     elif not args.no_doc:

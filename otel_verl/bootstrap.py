@@ -106,7 +106,6 @@ def _role_value(role: "Role | str | None") -> str:
 def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_verl import events
     from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
@@ -125,12 +124,12 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
         tracer_provider.add_span_processor(processor)
         _legacy.append(processor)
     if cfg.otlp_endpoint:
-        tracer_provider.add_span_processor(_counting(BatchSpanProcessor(_otlp_exporter()), "otlp"))
+        tracer_provider.add_span_processor(_counting(_batch_processor(_otlp_exporter()), "otlp"))
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        tracer_provider.add_span_processor(_counting(BatchSpanProcessor(exporter), "otlp_json_file"))
+        tracer_provider.add_span_processor(_counting(_batch_processor(exporter), "otlp_json_file"))
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(tracer_provider)
     else:
@@ -158,9 +157,10 @@ def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:
 def _otlp_exporter() -> Any:
     """The OTLP span exporter the standard variables ask for (the SDK reads endpoint,
     headers, timeout, compression and certificates itself)."""
-    protocol = (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
-    ).strip()
+    variable = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    if not os.environ.get(variable):
+        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    protocol = (os.environ.get(variable) or "").strip()
     if not protocol:
         endpoint = os.environ.get(settings_mod.OTLP_TRACES_ENDPOINT) or os.environ.get(settings_mod.OTLP_ENDPOINT) or ""
         # no protocol given: port 4318 or a /v1/traces path means OTLP/HTTP, else gRPC
@@ -170,8 +170,31 @@ def _otlp_exporter() -> Any:
     elif protocol in ("http/protobuf", "http/json"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:
-        raise settings_mod.ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: expected grpc or http/protobuf")
+        raise settings_mod.ConfigError(f"{variable}={protocol!r}: expected grpc or http/protobuf")
     return OTLPSpanExporter()
+
+
+# Span queue of the BatchSpanProcessors otel_verl builds when OTEL_BSP_MAX_QUEUE_SIZE is
+# unset. The SDK's 2048 is smaller than one step's bursts: a 1024 x 16 step ends up to
+# ~6k spans faster than an exporter thread on 2 cores sends them (batch stages end 1024
+# sample-stage spans at once, back to back), and a full queue drops spans
+# (benchmarks/bench_collector_load.py). A queued span holds ~3 KB, so a full queue of
+# 16384 (a collector that is down) costs ~50 MB.
+DEFAULT_BSP_MAX_QUEUE_SIZE = 16384
+
+
+def _batch_processor(exporter: Any) -> Any:
+    """A BatchSpanProcessor; the standard OTEL_BSP_* variables win over otel_verl's queue size."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    if (os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or "").strip():
+        return BatchSpanProcessor(exporter)
+    queue = DEFAULT_BSP_MAX_QUEUE_SIZE
+    try:  # a larger export batch than our queue would be rejected by the SDK
+        queue = max(queue, int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 0))
+    except ValueError:
+        pass  # the SDK warns about the bad value and uses its default batch size
+    return BatchSpanProcessor(exporter, max_queue_size=queue)
 
 
 def _counting(processor: Any, output: str) -> Any:

@@ -77,6 +77,20 @@ def overrides() -> None:
         click.echo(line)
 
 
+def _print_rich(draw) -> None:
+    """Print what ``draw(console)`` renders: straight to a terminal; elsewhere (pipes,
+    files, tests) wide and without rich's trailing padding."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        draw(Console(highlight=False))
+        return
+    console = Console(width=200, highlight=False, no_color=True)
+    with console.capture() as capture:
+        draw(console)
+    click.echo("\n".join(line.rstrip() for line in capture.get().splitlines()))
+
+
 # --------------------------------------------------------------------------- doctor
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
@@ -152,9 +166,7 @@ def _hook_checks() -> list:
         for module in dict.fromkeys(h.module for h in targets):
             try:
                 importlib.import_module(module)
-            except BaseException as exc:  # noqa: BLE001 - any import failure is a finding, not a crash
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
+            except (Exception, SystemExit) as exc:  # any import failure is a finding, not a crash
                 import_errors[module] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     status = hooks.status()
     checks = []
@@ -259,6 +271,31 @@ def _settings_checks(env: dict) -> tuple:
     return checks, cfg
 
 
+def _print_area(console, area: str, checks: list) -> None:
+    from collections import Counter
+
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    title = area
+    if area == "hooks":
+        states = Counter(c.state for c in checks)
+        title = (f"hooks: {states[OK]} install, {states[FAIL] + states[WARN]} skipped or failing, "
+                 f"{states[INFO]} not importable here")
+        table.add_column("component", no_wrap=True)
+    table.add_column("hook" if area == "hooks" else "check", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("detail")
+    for c in checks:
+        cells = [c.component] if area == "hooks" else []
+        table.add_row(*cells, escape(c.name), f"[{_STATE_STYLE[c.state]}]{c.state}[/]", escape(c.detail))
+    console.print(title, style="bold", markup=False)
+    console.print(table)
+    console.print()
+
+
 @main.command()
 @click.option("--trace-dir", type=click.Path(file_okay=False), help="Check this trace dir (default: VERL_TRACE_DIR).")
 @click.option("--timeout", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds to wait for the OTLP endpoint.")
@@ -266,13 +303,6 @@ def _settings_checks(env: dict) -> tuple:
 def doctor(trace_dir: str | None, timeout: float, no_hooks: bool) -> None:
     """Check this environment: versions, which hooks install on this verl, the settings,
     the trace dir and the OTLP endpoint. Exits 1 when something required is wrong."""
-    from collections import Counter
-
-    from rich import box
-    from rich.console import Console
-    from rich.markup import escape as rich_escape
-    from rich.table import Table
-
     env = dict(os.environ)
     if trace_dir:
         env[settings.TRACE_DIR] = trace_dir
@@ -285,25 +315,11 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool) -> None:
     if not no_hooks:
         checks += _hook_checks()
 
-    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
-    for area in dict.fromkeys(c.area for c in checks):
-        mine = [c for c in checks if c.area == area]
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-        if area == "hooks":
-            states = Counter(c.state for c in mine)
-            title = (f"hooks: {states[OK]} install, {states[FAIL] + states[WARN]} skipped or failing, "
-                     f"{states[INFO]} not importable here")
-            table.add_column("component", no_wrap=True)
-        else:
-            title = area
-        table.add_column("hook" if area == "hooks" else "check", no_wrap=True)
-        table.add_column("state", no_wrap=True)
-        table.add_column("detail")
-        for c in mine:
-            cells = [c.component] if area == "hooks" else []
-            table.add_row(*cells, rich_escape(c.name), f"[{_STATE_STYLE[c.state]}]{c.state}[/]", rich_escape(c.detail))
-        console.print(title, style="bold", markup=False)
-        console.print(table)
+    def draw(console) -> None:
+        for area in dict.fromkeys(c.area for c in checks):
+            _print_area(console, area, [c for c in checks if c.area == area])
+
+    _print_rich(draw)
     problems = [c for c in checks if c.state == FAIL]
     warnings_ = [c for c in checks if c.state == WARN and c.fix]
     for c in problems + warnings_:
@@ -349,11 +365,9 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> 
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    from rich.console import Console
-
     from otel_verl.report.text import render
 
-    render(data, Console(width=None if sys.stdout.isatty() else 200, highlight=False))
+    _print_rich(lambda console: render(data, console))
     if png:
         click.echo(f"timeline: {png}")
 

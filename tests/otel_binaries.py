@@ -14,8 +14,11 @@ elsewhere (``require_binary``).
 Reusable pieces for end-to-end tests: ``free_ports``, ``wait_for_port``,
 ``wait_for_http``, ``ManagedProcess`` and the fixtures ``jaeger_server``
 (Jaeger on free loopback ports) and ``otelcol_factory`` (start collectors with
-a config file and env overrides). Import the fixtures into a test module (or
-a conftest.py) to use them::
+a config file and env overrides). ``JaegerServer`` also searches traces (HTTP
+API v3 by service/operation; gRPC API v3 and the legacy HTTP API by attribute);
+``flat_spans`` turns an OTLP-JSON answer into the flat span dicts of
+``otel_verl.exporters.otlp_json_file.spans_from_files``. Import the fixtures into a
+test module (or a conftest.py) to use them::
 
     from otel_binaries import jaeger_server, otelcol_factory  # noqa: F401
 """
@@ -30,8 +33,11 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from contextlib import ExitStack
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,10 +257,15 @@ class JaegerServer:
     otlp_http_port: int
     query_http_port: int
     host: str = "127.0.0.1"
+    query_grpc_port: int | None = None  # gRPC query API (api_v2 / api_v3 QueryService)
 
     @property
     def otlp_grpc_endpoint(self) -> str:  # host:port, as collector exporters want it
         return f"{self.host}:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:  # OTLP/HTTP base URL (POST {url}/v1/traces)
+        return f"http://{self.host}:{self.otlp_http_port}"
 
     @property
     def query_url(self) -> str:
@@ -283,6 +294,188 @@ class JaegerServer:
                 raise TimeoutError(f"trace {trace_id}: {found}/{min_spans} spans in Jaeger after {timeout}s")
             time.sleep(0.25)
 
+    # Searching. Jaeger v2.13 (module v1.76.0) answers searches from three APIs:
+    # - HTTP API v3 GET /api/v3/traces: query.service_name, query.operation_name,
+    #   query.start_time_min/max (RFC 3339, both required), query.num_traces (required
+    #   in practice: the memory store rejects a search depth of 0 with HTTP 500),
+    #   query.duration_min/max. It has NO attribute filter: the gateway builds the query
+    #   with an empty attribute map and ignores any other parameter (query.attributes,
+    #   query.attributes.<key>, ... all return unfiltered results).
+    # - gRPC API v3 jaeger.api_v3.QueryService/FindTraces: TraceQueryParameters has
+    #   map<string,string> attributes (matched against span, scope, resource and event
+    #   attributes of any one span, values compared as strings).
+    # - the legacy HTTP API GET /api/traces?service=S&tags={"k":"v"} (or tag=k:v).
+
+    def find_traces(self, service: str, *, operation: str | None = None, lookback_s: float = 3600.0,
+                    num_traces: int = 1000, extra: dict[str, str] | None = None) -> dict:
+        """HTTP API v3 search; OTLP-JSON ``{"resourceSpans": [...]}`` (empty when none)."""
+        params = {
+            "query.service_name": service,
+            "query.start_time_min": _rfc3339(datetime.now(timezone.utc) - timedelta(seconds=lookback_s)),
+            "query.start_time_max": _rfc3339(datetime.now(timezone.utc) + timedelta(minutes=5)),
+            "query.num_traces": str(num_traces),
+        }
+        if operation:
+            params["query.operation_name"] = operation
+        params.update(extra or {})
+        status, body = http_get(f"{self.query_url}/api/v3/traces?{urllib.parse.urlencode(params)}")
+        if status == 404:
+            return {"resourceSpans": []}
+        if status != 200:
+            raise RuntimeError(f"Jaeger /api/v3/traces: HTTP {status} {body[:300]!r}")
+        return json.loads(body)["result"]
+
+    def find_traces_grpc(self, service: str, *, operation: str | None = None,
+                         attributes: dict[str, str] | None = None, lookback_s: float = 3600.0,
+                         num_traces: int = 1000, timeout: float = 30.0) -> dict:
+        """gRPC API v3 FindTraces (with attribute filters); OTLP-JSON with hex ids."""
+        import grpc
+        from google.protobuf import json_format
+        from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+        if self.query_grpc_port is None:
+            raise RuntimeError("this JaegerServer was started without a known gRPC query port")
+        request = _api_v3_find_traces_request_class()()
+        query = request.query
+        query.service_name = service
+        if operation:
+            query.operation_name = operation
+        for key, value in (attributes or {}).items():
+            query.attributes[key] = str(value)
+        query.start_time_min.FromDatetime(datetime.now(timezone.utc) - timedelta(seconds=lookback_s))
+        query.start_time_max.FromDatetime(datetime.now(timezone.utc) + timedelta(minutes=5))
+        query.search_depth = num_traces
+        merged = TracesData()
+        with grpc.insecure_channel(f"{self.host}:{self.query_grpc_port}") as channel:
+            call = channel.unary_stream(
+                "/jaeger.api_v3.QueryService/FindTraces",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=TracesData.FromString,
+            )
+            try:
+                for chunk in call(request, timeout=timeout):
+                    merged.resource_spans.extend(chunk.resource_spans)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+        return _ids_to_hex(json_format.MessageToDict(merged))
+
+    def find_trace_ids_by_tags(self, service: str, tags: dict[str, str], *, operation: str | None = None,
+                               lookback_s: float = 3600.0, limit: int = 1000) -> set[str]:
+        """Legacy HTTP API search with a tag filter; the trace ids found."""
+        now_us = int(time.time() * 1e6)
+        params = {"service": service, "tags": json.dumps(tags), "limit": str(limit),
+                  "start": str(now_us - int(lookback_s * 1e6)), "end": str(now_us + 300_000_000)}
+        if operation:
+            params["operation"] = operation
+        status, body = http_get(f"{self.query_url}/api/traces?{urllib.parse.urlencode(params)}")
+        if status != 200:
+            raise RuntimeError(f"Jaeger /api/traces: HTTP {status} {body[:300]!r}")
+        return {t["traceID"] for t in json.loads(body).get("data") or []}
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@lru_cache(maxsize=None)
+def _api_v3_find_traces_request_class():
+    """``jaeger.api_v3.FindTracesRequest`` built at run time (Jaeger ships no Python
+    stubs): the fields of jaeger-idl proto/api_v3/query_service.proto."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, duration_pb2, message_factory, timestamp_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    for module in (timestamp_pb2, duration_pb2):
+        proto = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(proto)
+        pool.Add(proto)
+    F = descriptor_pb2.FieldDescriptorProto
+    f = descriptor_pb2.FileDescriptorProto(
+        name="otel_verl_tests/jaeger_api_v3.proto", package="jaeger.api_v3", syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto", "google/protobuf/duration.proto"],
+    )
+    q = f.message_type.add(name="TraceQueryParameters")
+    entry = q.nested_type.add(name="AttributesEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    for name, number, ftype, type_name in (
+        ("service_name", 1, F.TYPE_STRING, None),
+        ("operation_name", 2, F.TYPE_STRING, None),
+        ("start_time_min", 4, F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+        ("start_time_max", 5, F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+        ("duration_min", 6, F.TYPE_MESSAGE, ".google.protobuf.Duration"),
+        ("duration_max", 7, F.TYPE_MESSAGE, ".google.protobuf.Duration"),
+        ("search_depth", 8, F.TYPE_INT32, None),
+        ("raw_traces", 9, F.TYPE_BOOL, None),
+    ):
+        field_ = q.field.add(name=name, number=number, type=ftype, label=F.LABEL_OPTIONAL)
+        if type_name:
+            field_.type_name = type_name
+    q.field.add(name="attributes", number=3, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                type_name=".jaeger.api_v3.TraceQueryParameters.AttributesEntry")
+    r = f.message_type.add(name="FindTracesRequest")
+    r.field.add(name="query", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                type_name=".jaeger.api_v3.TraceQueryParameters")
+    pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("jaeger.api_v3.FindTracesRequest"))
+
+
+def _ids_to_hex(traces: dict) -> dict:
+    """protobuf JSON (base64 ids) -> OTLP/JSON (hex ids), in place."""
+    import base64
+
+    def hex_(value: str) -> str:
+        return base64.b64decode(value).hex()
+
+    for rs in traces.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(key):
+                        span[key] = hex_(span[key])
+                for link in span.get("links", []):
+                    for key in ("traceId", "spanId"):
+                        if link.get(key):
+                            link[key] = hex_(link[key])
+    return traces
+
+
+def trace_ids(otlp_json: dict | None) -> set[str]:
+    """Hex trace ids in an OTLP-JSON TracesData object."""
+    return {s["traceId"] for s in flat_spans(otlp_json)}
+
+
+def flat_spans(otlp_json: dict | None) -> list[dict]:
+    """The spans of an OTLP-JSON TracesData object (a Jaeger answer, a file line) as the
+    flat dicts ``otel_verl.exporters.otlp_json_file.spans_from_files`` returns."""
+    from otel_verl.exporters.otlp_json_file import attributes_to_dict
+
+    out = []
+    for rs in (otlp_json or {}).get("resourceSpans", []):
+        resource = attributes_to_dict(rs.get("resource", {}).get("attributes"))
+        for ss in rs.get("scopeSpans", []):
+            scope = ss.get("scope", {}).get("name", "")
+            for s in ss.get("spans", []):
+                status = s.get("status", {})
+                out.append({
+                    "traceId": s.get("traceId", ""),
+                    "spanId": s.get("spanId", ""),
+                    "parentSpanId": s.get("parentSpanId") or None,
+                    "name": s.get("name", ""),
+                    "kind": s.get("kind", 0),
+                    "startTimeUnixNano": int(s.get("startTimeUnixNano", 0)),
+                    "endTimeUnixNano": int(s.get("endTimeUnixNano", 0)),
+                    "attributes": attributes_to_dict(s.get("attributes")),
+                    "resource": resource,
+                    "scope": scope,
+                    "status": {"code": status.get("code", 0), "message": status.get("message", "")},
+                    "links": [{"traceId": link.get("traceId", ""), "spanId": link.get("spanId", ""),
+                               "attributes": attributes_to_dict(link.get("attributes"))}
+                              for link in s.get("links", [])],
+                })
+    return out
+
 
 def span_ids(otlp_json: dict | None) -> set[str]:
     """Hex span ids in an OTLP-JSON TracesData object."""
@@ -309,7 +502,7 @@ def start_jaeger(workdir: Path, config: Path | None = None) -> JaegerServer:
     }
     cfg = config or CONFIG_DIR / "jaeger.yaml"
     proc = ManagedProcess([binary, "--config", str(cfg)], workdir / "jaeger.log", env).start()
-    server = JaegerServer(proc, grpc, http, q_http)
+    server = JaegerServer(proc, grpc, http, q_http, query_grpc_port=q_grpc)
     try:
         wait_for_http(f"{server.query_url}/api/v3/services", timeout=60, proc=proc)
         wait_for_port("127.0.0.1", grpc, timeout=30, proc=proc)

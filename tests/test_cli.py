@@ -25,6 +25,11 @@ from click.testing import CliRunner
 from otel_verl.cli import main
 from otel_verl.exporters.otlp_json_file import spans_from_files
 
+if __package__:  # tests/ is a package
+    from .otel_binaries import jaeger_server  # noqa: F401  (fixture)
+else:
+    from otel_binaries import jaeger_server  # noqa: F401  (fixture)
+
 pytestmark = pytest.mark.timeout(900)
 
 STEPS, PROMPTS, N = 2, 2, 2
@@ -236,6 +241,13 @@ def test_report_png_timeline(demo, tmp_path):
         assert image.size[0] == layout["width_px"]
         assert layout["height_px"] - image.size[1] == round(timeline.ROW_INCHES * timeline.DPI)
 
+    # a long run shows MAX_ROWS steps, spread from the first to the last
+    rows = [dict(report["timeline"][0], step=i) for i in range(1, 101)]
+    long_layout = timeline.layout(dict(report, timeline=rows))
+    shown = [row["step"] for row in long_layout["rows"]]
+    assert len(shown) == timeline.MAX_ROWS and shown[0] == 1 and shown[-1] == 100
+    assert long_layout["steps_total"] == 100
+
 
 def test_report_tolerates_a_truncated_last_line(demo, tmp_path):
     trace_dir, spans = demo
@@ -404,6 +416,21 @@ def test_replay_sends_every_span_as_otlp_json(demo):
     assert f"sent {len(spans)} of {len(spans)} spans ({lines} of {lines} lines" in result.stdout
 
 
+@pytest.mark.parametrize("protocol", ["json", "protobuf"])
+def test_replay_into_jaeger(demo, jaeger_server, protocol):
+    """End to end: every trace of the demo, span for span, in a real Jaeger v2."""
+    trace_dir, spans = demo
+    result = cli("replay", str(trace_dir), "--endpoint", f"http://127.0.0.1:{jaeger_server.otlp_http_port}",
+                 "--protocol", protocol)
+    assert result.exit_code == 0, result.output
+    by_trace = collections.defaultdict(set)
+    for s in spans:
+        by_trace[s["traceId"]].add(s["spanId"])
+    for trace_id, ids in by_trace.items():
+        got = jaeger_server.wait_for_trace(trace_id, min_spans=len(ids))
+        assert {s["spanId"] for rs in got["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]} == ids
+
+
 def test_replay_sends_protobuf(demo):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -549,6 +576,11 @@ def test_doctor_unreachable_and_reachable_endpoint(tmp_path):
         assert result.exit_code == 1
         [(problem, fix)] = _problem_lines(result)
         assert "OTEL_EXPORTER_OTLP_PROTOCOL='pigeon'" in problem and "grpc or http/protobuf" in fix
+        result = _doctor({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc-web"})
+        [(problem, fix)] = _problem_lines(result)
+        assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='grpc-web'" in problem  # the variable that holds it
+        assert fix.startswith("  fix: set OTEL_EXPORTER_OTLP_TRACES_PROTOCOL to grpc")
 
 
 def test_doctor_unwritable_trace_dir(tmp_path):

@@ -430,11 +430,11 @@ def spans_from_files(paths: Paths, *, on_truncated: Optional[Callable[[str, str]
             for scope_spans in resource_spans.get("scopeSpans", ()):
                 scope = scope_spans.get("scope", {}).get("name", "")
                 for span in scope_spans.get("spans", ()):
-                    out.append(_flat_span(span, resource, scope))
+                    out.append(flat_span(span, resource, scope))
     return out
 
 
-def _flat_span(span: Dict[str, Any], resource: Dict[str, Any], scope: str) -> Dict[str, Any]:
+def flat_span(span: Dict[str, Any], resource: Dict[str, Any], scope: str) -> Dict[str, Any]:
     status = span.get("status", {})
     return {
         "traceId": span.get("traceId", ""),

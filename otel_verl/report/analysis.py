@@ -22,21 +22,19 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
-from otel_verl.report.inputs import Inputs, Lines, read_spans, resolve
+from otel_verl.report.inputs import InputError, Inputs, Lines, read_spans, resolve
 
 NS = 1e9
 FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
 STAGE_ORDER = [s.value for s in sc.Stage]
 LLM_OPERATIONS = (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)
 STEP_STAGE_PREFIX = sc.step_stage_span_name("")
-TOOL_PREFIX = sc.tool_span_name("")
-_TASK_LINE = re.compile(r"^Task (?P<uid>.+)/(?P<traj>[^/]+) is completed, ")
+_TASK_LINE = re.compile(r"^Task .+/[^/]+ is completed, ")
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -64,6 +62,10 @@ def is_llm_call(span: Dict[str, Any]) -> bool:
 
 def is_tool(span: Dict[str, Any]) -> bool:
     return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL
+
+
+def _stage_of(span: Dict[str, Any]) -> str:
+    return span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
 
 
 def _union_s(intervals: Iterable[Tuple[int, int]]) -> float:
@@ -133,8 +135,7 @@ def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str
         if span["name"] == sc.SPAN_STEP:
             step_spans[step] = span
         elif span["name"].startswith(STEP_STAGE_PREFIX):
-            stage = span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
-            stages[step][stage].append(span)
+            stages[step][_stage_of(span)].append(span)
     seen = {stage for per_step in stages.values() for stage in per_step}
     order = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
     rows = []
@@ -328,8 +329,6 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
 def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
     """The whole report as a JSON-ready dict (see :mod:`otel_verl.report` for its keys);
     ``unfinished_limit`` caps the listed unfinished samples (``None``: all)."""
-    from otel_verl.report.inputs import InputError
-
     inputs = resolve(paths)
     lines = Lines()
     spans = read_spans(inputs.otlp_files, lines)
@@ -378,7 +377,7 @@ def _timeline_data(spans: List[Dict[str, Any]], steps: List[Dict[str, Any]],
         if step in out and span["name"].startswith(STEP_STAGE_PREFIX):
             t0 = by_step[step]
             out[step]["stages"].append({
-                "stage": span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):],
+                "stage": _stage_of(span),
                 "start_s": (span["startTimeUnixNano"] - t0) / NS,
                 "duration_s": duration_s(span),
             })

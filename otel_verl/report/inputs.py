@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
-from otel_verl.exporters.otlp_json_file import _flat_span, attributes_to_dict
+from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
 
 OTLP_SUFFIXES = (".jsonl", ".json")
 
@@ -133,7 +133,7 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
                 for scope_spans in resource_spans.get("scopeSpans") or ():
                     scope = (scope_spans.get("scope") or {}).get("name", "")
                     for span in scope_spans.get("spans") or ():
-                        flat = _flat_span(span, resource, scope)
+                        flat = flat_span(span, resource, scope)
                         flat["dropped"] = {  # what SDK span limits cut off
                             "attributes": int(span.get("droppedAttributesCount", 0)),
                             "events": int(span.get("droppedEventsCount", 0)),

@@ -16,7 +16,7 @@ def _s(value: Optional[float]) -> str:
 def _table(console: Console, title: str, columns: List[str]) -> Table:
     console.print()
     console.print(title, markup=False, highlight=False, style="bold")
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     return table
@@ -43,14 +43,16 @@ def render(report: Dict[str, Any], console: Console) -> None:
         )
     console.print(table)
 
-    table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans", ["step", "trajectories", "p50", "p90", "p99", "max"])
+    table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans",
+                   ["step", "trajectories", "p50", "p90", "p99", "max"])
     for row in report["rollout_latency"]:
         table.add_row(str(row["step"]), str(row["count"]), _s(row["p50_s"]), _s(row["p90_s"]), _s(row["p99_s"]), _s(row["max_s"]))
     console.print(table)
 
-    table = _table(console, 
-        f"Slowest trajectories (s) of {report['trajectories']}: LLM = client time of its LLM spans, "
-        "of which the server's queue / prefill / decode, and the client-side rest",
+    table = _table(
+        console,
+        f"Slowest trajectories (s) of {report['trajectories']}: LLM = client time of its LLM spans; queue / prefill / "
+        "decode = the server's share of it; client = the rest of it (routing, transport)",
         ["uid/traj", "step", "total", "turns", "LLM", "queue", "prefill", "decode", "client", "tools", "reward", "other"],
     )
     for t in report["slowest_trajectories"]:
@@ -64,6 +66,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
 
     samples = report["samples"]
     outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
+    console.print()
     console.print(f"Samples: {samples['roots']} verl.sample roots ({outcomes})", markup=False, highlight=False)
     if not samples["unfinished_count"]:
         console.print("never finished: none", markup=False, highlight=False)
@@ -91,3 +94,4 @@ def render(report: Dict[str, Any], console: Console) -> None:
         console.print(table)
     else:
         console.print("Legacy files vs spans: no legacy files among the inputs", markup=False, highlight=False)
+    console.print()

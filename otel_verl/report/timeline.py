@@ -1,9 +1,11 @@
 """The timeline picture of ``otel-verl report --png``: one row per training step.
 
-Each row is the step's stage Gantt (``verl.stage`` spans as coloured bars on the top lane)
-over its trajectories (each ``invoke_agent`` span a thin bar, stacked by start time), on
-a shared axis of seconds since the step started. Rendered with matplotlib's Agg backend
-(no display needed).
+Each row holds two panels on the same clock (seconds since the step started): on the
+left the step's stage Gantt (``verl.stage`` spans as coloured bars, the span of its
+rollouts as a bar below), on the right the rollout window, each trajectory
+(``invoke_agent`` span) a thin bar, stacked by start time. A run longer than
+``MAX_ROWS`` steps shows that many, evenly spread from the first to the last. Rendered
+with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ FOOTER_INCHES = 0.5  # x axis labels
 WIDTH_INCHES = 11.0
 DPI = 90
 TRAJECTORY_COLOR = "#3b3b3b"
+MAX_ROWS = 24
+
+
+def _shown(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    if len(rows) <= MAX_ROWS:
+        return rows
+    picks = sorted({round(i * (len(rows) - 1) / (MAX_ROWS - 1)) for i in range(MAX_ROWS)})
+    return [rows[i] for i in picks]
 
 
 def layout(report: Dict[str, Any]) -> Dict[str, Any]:
     """What :func:`draw` puts where (also what tests check the picture against)."""
-    rows = report["timeline"]
+    rows = _shown(report["timeline"])
     return {
+        "steps_total": len(report["timeline"]),
         "rows": [{"step": r["step"], "stage_bars": len(r["stages"]), "trajectory_bars": len(r["trajectories"])} for r in rows],
         "width_px": round(WIDTH_INCHES * DPI),
         "height_px": round((HEADER_INCHES + FOOTER_INCHES + ROW_INCHES * max(1, len(rows))) * DPI),
@@ -44,7 +55,7 @@ def draw(report: Dict[str, Any], path: str) -> Dict[str, Any]:
     from matplotlib.patches import Patch
 
     info = layout(report)
-    rows: List[Dict[str, Any]] = report["timeline"]
+    rows: List[Dict[str, Any]] = _shown(report["timeline"])
     height_in = info["height_px"] / DPI
     fig, axes = plt.subplots(
         max(1, len(rows)), 2, squeeze=False, gridspec_kw={"width_ratios": [3, 2]},
@@ -90,7 +101,10 @@ def draw(report: Dict[str, Any], path: str) -> Dict[str, Any]:
         handles.append(Patch(color=TRAJECTORY_COLOR, label="trajectory (invoke_agent)"))
         fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.3 / height_in),
                    ncol=min(len(handles), 7), fontsize=8, frameon=False)
-        fig.suptitle("otel-verl timeline: stages and rollouts per step", y=1 - 0.05 / height_in, fontsize=10)
+        title = "otel-verl timeline: stages and rollouts per step"
+        if len(rows) < info["steps_total"]:
+            title += f" ({len(rows)} of {info['steps_total']} steps, evenly spread)"
+        fig.suptitle(title, y=1 - 0.05 / height_in, fontsize=10)
         fig.subplots_adjust(left=0.08, right=0.98, top=1 - HEADER_INCHES / height_in,
                             bottom=FOOTER_INCHES / height_in, hspace=0.6, wspace=0.08)
         fig.savefig(path, dpi=DPI)
