@@ -24,7 +24,8 @@ Two measurements in one invocation:
    Ray's own threads and the shared machine make this noisy.
 2. **In-process attribution.** The rollout worker's events-API calls for N trajectories
    (``events.trajectory`` / ``agent_run`` / ``llm_call`` + ``Turn.finish`` / ``reward`` /
-   ``agent_metrics``, with the carrier unpickled as Ray does) through the real
+   ``agent_metrics``, with the carrier unpickled as Ray does, the model/provider lookup
+   of the LLM-client wrapper on the run's config and the request-id tag) through the real
    processors, added one at a time: spans only, + progress log, + sample CSV, +
    trajectory JSONL (decoding with the stand-in tokenizer), + OTLP/HTTP export. CPU is
    ``time.process_time`` (all threads) until everything is written/exported, minus the
@@ -301,12 +302,16 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     return provider
 
 
-def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[bytes], pace_s: float = 0.0) -> None:
+def _micro_workload(
+    count: int, turns: int, tokenizer: Any, carrier_bytes: List[bytes], client: Any, pace_s: float = 0.0
+) -> None:
     """What the wrappers do in a rollout worker for ``count`` trajectories of ``turns``
-    LLM turns each (single-turn shape when turns == 1)."""
+    LLM turns each (single-turn shape when turns == 1). ``client`` stands for verl's
+    LLMServerClient (its ``config`` is the run's DictConfig)."""
     import pickle
 
     from otel_verl import carriers, events
+    from otel_verl.instrumentation.llm_client import _model_and_provider
 
     prompt_ids = list(range(1000, 1000 + PROMPT_TOKENS))
     completion_ids = list(range(2000, 2000 + COMPLETION_TOKENS))
@@ -314,18 +319,23 @@ def _micro_workload(count: int, turns: int, tokenizer: Any, carrier_bytes: List[
             "prefill_launch_latency": 0.0001}
     decode, encode = (tokenizer.decode, tokenizer.encode) if tokenizer is not None else (None, None)
     request_id = uuid.uuid4().hex
+    traced = events.enabled()  # untraced: stock verl has no carrier, no wrapper work
     for i in range(count):
-        kwargs = {carriers.COLUMN: pickle.loads(carrier_bytes[i % len(carrier_bytes)]), "uid": f"u{i}"}
-        carrier = carriers.pop_kwargs(kwargs)
-        row = getattr(carrier, "row", None) or {}
+        carrier, row = None, {}
+        if traced:  # the row's carrier, unpickled by Ray and popped by the _run_agent_loop wrapper
+            kwargs = {carriers.COLUMN: pickle.loads(carrier_bytes[i % len(carrier_bytes)]), "uid": f"u{i}"}
+            carrier = carriers.pop_kwargs(kwargs)
+            row = getattr(carrier, "row", None) or {}
         with events.trajectory(f"uid-{i // 8}", row.get("traj_uid", str(i % 8)), step=1, agent_name="single_turn_agent",
                                parent=carrier, n_samples=8, worker_index=0, decode=decode, encode=encode):
             with events.agent_run("SingleTurnAgentLoop"):
                 ids = list(prompt_ids)
                 for _ in range(turns):
-                    with events.llm_call(ids, model="tiny-qwen2", provider="sglang", request_id=request_id,
+                    model, provider = _model_and_provider(client) if traced else (None, "verl")  # llm_client._generate
+                    with events.llm_call(ids, model=model, provider=provider, request_id=request_id,
                                          max_tokens=128, temperature=1.0, top_p=1.0) as turn:
-                        turn.carrier()  # the request-id tag for the server
+                        if traced:
+                            carriers.tag_request_id(request_id, turn.carrier())  # llm_client._engine_request_id
                         turn.finish(completion_ids, stop_reason="stop", output_tokens=COMPLETION_TOKENS,
                                     server_meta=dict(meta))
                     ids = ids + completion_ids
@@ -353,7 +363,13 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
     # costs no activation attempt.
     activation._activated_pid = os.getpid()
 
-    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    from otel_verl.demo.harness import build_config, harness_overrides
+
+    model_dir = ensure_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    client = argparse.Namespace(config=build_config(harness_overrides(
+        model_dir=model_dir, train_files="train.parquet", val_files="test.parquet", output_dir=tempfile.gettempdir(),
+        steps=1, prompts=2, n=2, agent="single", validate=False, agent_workers=2, tool_config_path=None)))
     # carriers as the trainer pickles them (one rollout span per uid, a row per traj)
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
@@ -369,12 +385,12 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
         provider = _micro_pipeline(variant, os.path.join(root, f"{variant}-{turns}"), args.endpoint) if variant else None
         if provider is None:
             events._install(None)
-        _micro_workload(min(50, count), turns, tokenizer, carrier_bytes)  # warm-up: files, threads, connection
+        _micro_workload(min(50, count), turns, tokenizer, carrier_bytes, client)  # warm-up: files, threads, connection
         if provider is not None:
             provider.force_flush()
         gc.collect()
         p0, t0 = time.process_time(), time.thread_time()
-        _micro_workload(n, turns, tokenizer, carrier_bytes, pace_s)
+        _micro_workload(n, turns, tokenizer, carrier_bytes, client, pace_s)
         t1 = time.thread_time()
         if provider is not None:
             provider.force_flush()
@@ -408,7 +424,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
         provider = _micro_pipeline("+otlp", os.path.join(root, "profile"), args.endpoint)
         profiler = cProfile.Profile(time.thread_time)  # CPU time: waiting for a core on a busy machine is no cost
         profiler.enable()
-        _micro_workload(count, 1, tokenizer, carrier_bytes)
+        _micro_workload(count, 1, tokenizer, carrier_bytes, client)
         profiler.disable()
         provider.force_flush()
         provider.shutdown()

@@ -14,6 +14,12 @@ Guarantees:
 - Several processes may append to one file (O_APPEND: the kernel places each write at
   the current end); lines are never interleaved inside a ``write`` call.
 - ``flush()`` waits until everything accepted so far is written or counted.
+
+Cost: a writer thread woken for every line costs a thread switch (and a GIL hand-over)
+per line, more than the line itself when events trickle in one by one, as in a rollout
+worker awaiting its LLM calls. So, once woken, the thread lingers up to ``linger_s``
+(default :data:`LINGER_S`) for more lines and writes them together; ``flush()``,
+``close()`` and a queue past half its bound end the wait at once.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
@@ -29,6 +36,7 @@ from otel_verl import health
 
 Render = Callable[[], Iterable[Tuple[str, str]]]  # -> (path, text made of whole lines)
 
+LINGER_S = 0.05  # how long a woken writer thread waits for more lines (see the module docs)
 _FILE_MODE = 0o644  # ordinary permissions: never world-writable
 _DIR_MODE = 0o755
 
@@ -41,9 +49,11 @@ def _start_afresh_in_child() -> None:
 
 
 class BackgroundWriter:
-    def __init__(self, output: str, max_pending_lines: int = 1 << 20) -> None:
+    def __init__(self, output: str, max_pending_lines: int = 1 << 20, linger_s: float = LINGER_S) -> None:
         self.output = output
         self.max_pending_lines = max_pending_lines
+        self.linger_s = linger_s
+        self._flushing = 0  # callers waiting in flush(): the writer must not linger
         self.written_lines = 0
         self.dropped_lines = 0
         self._jobs: Deque[Tuple[Render, int]] = deque()
@@ -71,7 +81,10 @@ class BackgroundWriter:
                 self._pending_lines += n_lines
                 self._idle.clear()
                 self._ensure_thread()
-                self._cond.notify()
+                # Wake the thread for the first line of a batch only (it lingers for the
+                # rest), or when the queue fills up.
+                if len(self._jobs) == 1 or self._pending_lines * 2 > self.max_pending_lines:
+                    self._cond.notify()
         if refused:
             self._count_dropped(n_lines, "writer closed" if self._closed else "writer queue full (disk too slow?)")
             return False
@@ -83,8 +96,13 @@ class BackgroundWriter:
             self._drain()  # no thread (fork, or never started): write inline
             return True
         with self._cond:
+            self._flushing += 1
             self._cond.notify()
-        return self._idle.wait(timeout)
+        try:
+            return self._idle.wait(timeout)
+        finally:
+            with self._cond:
+                self._flushing -= 1
 
     def close(self, timeout: Optional[float] = 30.0) -> None:
         self.flush(timeout)
@@ -98,6 +116,7 @@ class BackgroundWriter:
         (its writer thread writes them; rendering them here would duplicate lines in the
         child's files), and the lock may have been held by that thread at fork time."""
         self._cond = threading.Condition()
+        self._flushing = 0
         self._jobs = deque()
         self._pending_lines = 0
         self._idle = threading.Event()
@@ -127,7 +146,17 @@ class BackgroundWriter:
                 if self._closed and not self._jobs:
                     self._idle.set()
                     return
+                self._linger()
             self._drain()
+
+    def _linger(self) -> None:
+        # called with self._cond held: wait for more lines unless someone needs them now
+        deadline = time.monotonic() + self.linger_s
+        while not (self._closed or self._flushing or self._pending_lines * 2 > self.max_pending_lines):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._cond.wait(remaining)
 
     def _drain(self) -> None:
         with self._cond:
