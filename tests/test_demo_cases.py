@@ -26,15 +26,11 @@ TRAIN_STAGES = {"reward", "old_log_prob", "ref_log_prob", "adv", "update_actor"}
 
 
 def _run(trace_dir, **kwargs):
-    """run_demo with this process's environment restored afterwards (it sets tracing variables)."""
-    from otel_verl.demo.traced import run_demo
+    """run_demo in a child interpreter (see tests/demo_process.py)."""
+    from demo_process import run_in_child
 
-    saved = dict(os.environ)
-    try:
-        summary = run_demo(str(trace_dir), steps=STEPS, prompts=PROMPTS, n=N, validate=False, **kwargs)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    args = {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": N, "validate": False, **kwargs}
+    summary = run_in_child("demo", args, str(trace_dir) + "-run")
     return str(trace_dir), summary, spans_from_files(summary["outputs"]["otlp_json"])
 
 

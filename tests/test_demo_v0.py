@@ -22,10 +22,11 @@ CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "cont
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    from otel_verl.demo.traced import run_demo
+    from demo_process import run_in_child
 
     trace_dir = tmp_path_factory.mktemp("demo")
-    summary = run_demo(str(trace_dir), steps=STEPS, prompts=PROMPTS, n=N, agent="tool")
+    summary = run_in_child("demo", {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": N, "agent": "tool"},
+                           str(tmp_path_factory.mktemp("demo-run")))
     spans = spans_from_files(summary["outputs"]["otlp_json"])
     return trace_dir, summary, spans
 

@@ -11,8 +11,9 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def test_removed_and_changed_hooks_are_skipped_and_the_run_completes(tmp_path, monkeypatch):
+    from demo_process import run_in_child
+
     from otel_verl import activation
-    from otel_verl.demo.harness import run_v0
     from otel_verl.exporters.otlp_json_file import spans_from_files
 
     monkeypatch.setenv("VERL_TRACE_DIR", str(tmp_path))
@@ -20,17 +21,12 @@ def test_removed_and_changed_hooks_are_skipped_and_the_run_completes(tmp_path, m
     runtime_env = activation.runtime_env()
     runtime_env["worker_process_setup_hook"] = "drift_setup.setup"
     runtime_env["env_vars"]["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
-    summary = run_v0(str(tmp_path / "harness"), steps=1, prompts=2, n=2, agent="single", validate=False,
-                     trainer_in_actor=True, runtime_env=runtime_env, keep_ray=True)
-    try:
-        import ray
-
-        logs = ray._private.worker._global_node.get_logs_dir_path()
-    finally:
-        import ray
-
-        ray.shutdown()
-    assert summary["steps_run"] == 1 and summary["trajectories_per_step"] == {1: 4}
+    summary = run_in_child("harness", {
+        "output_dir": str(tmp_path / "harness"), "steps": 1, "prompts": 2, "n": 2, "agent": "single", "validate": False,
+        "trainer_in_actor": True, "runtime_env": runtime_env, "_report_logs_dir": True,
+    }, str(tmp_path / "run"))
+    logs = summary["logs_dir"]
+    assert summary["steps_run"] == 1 and summary["trajectories_per_step"] == {"1": 4}
 
     per_process = {}  # one warning per skipped hook in each process that imports its module
     for path in glob.glob(os.path.join(logs, "worker-*.err")):
