@@ -153,7 +153,7 @@ def test_remax_ran_one_greedy_baseline_per_prompt(remax):
     _, summary, spans = remax
     assert summary["steps_run"] == STEPS and summary["config"]["adv_estimator"] == "remax"
     # verl's rollout dump holds the trained rows only; the server answered the baselines too
-    assert summary["trajectories_per_step"] == {1: PROMPTS * N}
+    assert summary["trajectories_per_step"] == {"1": PROMPTS * N}
     assert summary["server"]["requests"] == PROMPTS * (N + 1)
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     assert len([s for s in spans if s["name"].startswith("invoke_agent")]) == PROMPTS * (N + 1)
@@ -231,7 +231,7 @@ def test_custom_agent_loop_ran_from_the_registry(custom):
 
     _, summary, spans = custom
     assert summary["steps_run"] == STEPS
-    assert summary["trajectories_per_step"] == {1: PROMPTS * N}
+    assert summary["trajectories_per_step"] == {"1": PROMPTS * N}
     assert summary["server"]["requests"] == PROMPTS * N * custom_agent_loop.GENERATE_CALLS
     assert all(s["status"]["code"] != 2 for s in spans)
 
