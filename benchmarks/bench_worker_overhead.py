@@ -46,6 +46,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -195,14 +196,21 @@ class WorkerCpuProbe:
                 traced = (self.generations - self.warmup_steps) % 2 == 1
                 ray.get([h.__ray_call__.remote(_actor_set_tracing, traced) for h in handles])
                 requests = _server_requests(trainer)
+                threads = ray.get([h.__ray_call__.remote(_actor_threads_cpu) for h in handles])
                 cpu, t = self._read(), time.time()
                 output = generate(*args, **kwargs)
                 ray.get([h.__ray_call__.remote(_actor_flush) for h in handles])
                 end = self._read()
+                threads_end = ray.get([h.__ray_call__.remote(_actor_threads_cpu) for h in handles])
+                by_thread: Dict[str, float] = {}
+                for before, after in zip(threads, threads_end):
+                    for name, seconds in after.items():
+                        by_thread[name] = by_thread.get(name, 0.0) + seconds - before.get(name, 0.0)
                 self.windows.append({
                     "traced": traced, "wall_s": time.time() - t, "trajectories": len(output),
                     "llm_turns": _server_requests(trainer) - requests,
                     "cpu_s": sum(end[pid] - cpu[pid] for pid in self.pids),
+                    "threads": by_thread,
                 })
                 return output
 
@@ -259,6 +267,35 @@ def _actor_set_tracing(actor: Any, on: bool) -> bool:
         setattr(builtins, saved, events._runtime)
     events._install(getattr(builtins, saved, None) if on else None)
     return events.enabled()
+
+
+LOOP_THREAD = "event loop"
+TRACING_THREADS = "otel_verl threads"  # writer threads + the OTLP export thread
+
+
+def _actor_threads_cpu(actor: Any = None) -> Dict[str, float]:
+    """CPU seconds of this process's threads by kind: the asyncio loop running the agent
+    loops, otel_verl's writer and export threads, everything else (Ray, verl pools)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {LOOP_THREAD: 0.0, TRACING_THREADS: 0.0, "other threads": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), "")
+        if name.startswith("AsyncIO Thread"):  # Ray's event loop thread of an async actor
+            kind = LOOP_THREAD
+        elif name.startswith("otel-verl-") or name == "OtelBatchSpanRecordProcessor":
+            kind = TRACING_THREADS
+        else:
+            kind = "other threads"
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def _actor_flush(actor: Any = None) -> bool:
@@ -492,6 +529,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
     finally:
         sys.stdout.close()
         sys.stdout = sys_stdout
+        shutil.rmtree(root, ignore_errors=True)
     from otel_verl import health
 
     results["dropped"] = health.snapshot()["dropped"]  # nothing may be lost, or the costs are too low
@@ -556,13 +594,21 @@ def run_e2e(args: argparse.Namespace, sink: SpanSink, work: str) -> Dict[str, An
         windows = res["windows"]
         for w in windows:
             print(f"  ab step ({'on ' if w['traced'] else 'off'}): worker CPU {w['cpu_s']:.3f}s over {w['wall_s']:.1f}s, "
-                  f"{w['trajectories']} trajectories, {w['llm_turns']} LLM turns", flush=True)
+                  f"{w['trajectories']} trajectories, {w['llm_turns']} LLM turns; "
+                  + ", ".join(f"{k} {v:.2f}s" for k, v in w["threads"].items()), flush=True)
         per_traj = {t: [w["cpu_s"] / w["trajectories"] for w in windows if w["traced"] is t and w["trajectories"]]
                     for t in (True, False)}
         per_turn = {t: [w["cpu_s"] / w["llm_turns"] for w in windows if w["traced"] is t and w["llm_turns"]]
                     for t in (True, False)}
+        kinds = (LOOP_THREAD, TRACING_THREADS, "other threads")
+        per_kind = {
+            kind: {t: _median([w["threads"].get(kind, 0.0) / w["trajectories"] for w in windows
+                               if w["traced"] is t and w["trajectories"]]) * 1e6 for t in (True, False)}
+            for kind in kinds
+        }
         out["ab"] = {
             "windows": windows,
+            "per_kind_us": per_kind,
             "on_per_trajectory_us": _median(per_traj[True]) * 1e6,
             "off_per_trajectory_us": _median(per_traj[False]) * 1e6,
             "per_trajectory_us": (_median(per_traj[True]) - _median(per_traj[False])) * 1e6,
@@ -636,7 +682,16 @@ def report(args: argparse.Namespace, e2e: Optional[Dict[str, Any]], micro: Optio
             f"| {ab['on_per_trajectory_us']:.0f} us [{ab['on_spread_us'][0]:.0f}-{ab['on_spread_us'][1]:.0f}] "
             f"| {verdict(ab['per_trajectory_us'], TARGET_TRAJ_US)} |",
             f"| per LLM turn | | | {verdict(ab['per_turn_us'], TARGET_TURN_US)} |",
+        ] + [
+            f"| of it: {kind} | {ab['per_kind_us'][kind][False]:.0f} us | {ab['per_kind_us'][kind][True]:.0f} us "
+            f"| {ab['per_kind_us'][kind][True] - ab['per_kind_us'][kind][False]:.0f} us |"
+            for kind in (LOOP_THREAD, TRACING_THREADS, "other threads")
+        ] + [
             f"| one-time pipeline set-up (all workers, before fit) | | {ab['setup_cpu_s'] * 1000:.0f} ms | |",
+            "",
+            f"The {TRACING_THREADS} row is exact (those threads exist for tracing only and run in the traced "
+            "steps only); the event-loop row compares steps whose verl work itself varies by a second or more on a "
+            "shared machine, so it is noisy (the in-process attribution below isolates it).",
             "",
         ]
     if e2e is not None and "runs" in e2e:
@@ -712,12 +767,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--agent-workers", type=int, default=2)
     parser.add_argument("--latency", type=float, default=0.05, help="stand-in engine latency per request (s)")
     parser.add_argument("--micro-trajectories", type=int, default=1000)
-    parser.add_argument("--micro-repeats", type=int, default=5)
+    parser.add_argument("--micro-repeats", type=int, default=7)
     parser.add_argument("--no-e2e", action="store_true")
     parser.add_argument("--no-micro", action="store_true")
     parser.add_argument("--no-doc", action="store_true", help=f"do not update {os.path.relpath(DOC, ROOT)}")
     parser.add_argument("--timeout", type=float, default=1200.0, help="per run (s)")
-    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--work-dir", default=None, help="keep the runs' outputs here (default: a temporary dir, removed)")
     # child process plumbing
     parser.add_argument("--child", choices=("e2e", "micro"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -751,6 +806,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             micro = _run_child("micro", args, env, ["--endpoint", sink.endpoint], args.timeout)
     finally:
         sink.close()
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
     section = report(args, e2e, micro, command)
     print()
     print(section)
