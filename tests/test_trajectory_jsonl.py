@@ -116,7 +116,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(events, "time", types.SimpleNamespace(time=c.time, time_ns=time.time_ns))
+    monkeypatch.setattr(events.worker, "time", types.SimpleNamespace(time=c.time, time_ns=time.time_ns))
     return c
 
 

@@ -1,0 +1,80 @@
+"""The domain events API: what happened to which sample, turned into spans.
+
+Wrappers around verl (and custom agent loops) call these functions; they never build
+spans themselves. Every function here is safe to call when tracing is off (it does
+nothing) and never raises into the caller: a failure is counted in
+:mod:`otel_verl.health` and reported once.
+
+Trainer side::
+
+    events.samples_created(uids, step=3, trainer="RayPPOTrainer")
+    carriers = events.rollout_dispatched(uids, traj_uids, worker_indices, step=3, ...)
+    with events.step_stage(Stage.OLD_LOG_PROB, step=3):
+        ...
+        events.sample_stage_done(Stage.OLD_LOG_PROB, uids, traj_uids, step=3, start_ns=t0)
+    events.samples_finished(uids, Outcome.TRAINED)
+
+Rollout worker side::
+
+    with events.trajectory(uid, traj_uid, step=3, agent_name="tool_agent", parent=carrier):
+        with events.agent_run("ToolAgentLoop"):
+            with events.llm_call(prompt_ids, model="qwen") as turn:
+                ...
+                turn.finish(token_ids, stop_reason="stop", server_meta={...})
+            with events.tool_call("calculator"):
+                ...
+        with events.reward() as reward:
+            reward.score(1.0)
+
+The functions live in :mod:`.trainer` (trainer process), :mod:`.worker` (rollout worker)
+and :mod:`.server` (LLM server actor), on top of the shared plumbing in :mod:`._core`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_verl.events._core import _install, _Runtime, enabled, is_validating, validating, current_span_scope
+from otel_verl.events.server import ServerCall, current_server_call, llm_server_call
+from otel_verl.events.trainer import (
+    StageHandle,
+    _after_fork_in_child,
+    current_stage,
+    current_step,
+    end_open_samples,
+    end_samples_before,
+    fit_started,
+    open_sample_count,
+    rollout_dispatched,
+    rollout_returned,
+    sample_stage_done,
+    samples_created,
+    samples_finished,
+    stage_begin,
+    step,
+    step_begin,
+    step_end,
+    step_stage,
+)
+from otel_verl.events.worker import (
+    RewardHandle,
+    Turn,
+    agent_metrics,
+    agent_run,
+    current_trajectory,
+    current_turn,
+    llm_call,
+    observation,
+    reward,
+    tool_call,
+    trajectory,
+    trajectory_score,
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_runtime":  # rebound by _install: read it where it lives
+        from otel_verl.events import _core
+
+        return _core._runtime
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,69 @@
+"""LLM-server events: the server side of one generate call and the engine's timing."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Dict, Iterator, Mapping, Optional
+
+from opentelemetry.trace import SpanKind
+
+from otel_verl import carriers, health, semconv as sc
+from otel_verl.semconv import Kind
+from otel_verl.events import _core
+from otel_verl.events._core import (
+    _text,
+    _start_guarded,
+    current_span_scope,
+    _set,
+    _run_in_span,
+)
+
+
+class ServerCall:
+    """What :func:`llm_server_call` yields: collects the engine's per-request timing."""
+
+    __slots__ = ("span", "meta", "headers")
+
+    def __init__(self, span: Any, headers: Optional[Mapping[str, str]]) -> None:
+        self.span = span
+        self.headers = dict(headers or {})
+        self.meta: Dict[str, float] = {}
+
+    @health.guarded(default=None)
+    def record_meta(self, meta: Mapping[str, Any]) -> None:
+        """Keep the numeric keys of an engine's meta_info (names vary by version)."""
+        for key, value in meta.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.meta[str(key)] = value
+                if self.span is not None:
+                    self.span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
+
+
+_current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)
+
+
+@contextlib.contextmanager
+def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> Iterator[ServerCall]:
+    """The server side of one generate call, parented to the worker's turn span."""
+    rt = _core._runtime
+    parent = carriers.context_from(headers) if headers else None
+    if rt is None or parent is None:
+        call = ServerCall(None, headers)
+        with _set(_current_server_call, call):
+            yield call
+        return
+    span = _start_guarded(
+        sc.SPAN_LLM_SERVER,
+        Kind.LLM_SERVER,
+        parent,
+        {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
+        kind=SpanKind.SERVER,
+    )
+    call = ServerCall(span, headers)
+    with current_span_scope(span), _set(_current_server_call, call):
+        yield from _run_in_span(span, call)
+
+
+def current_server_call() -> Optional[ServerCall]:
+    return _current_server_call.get()

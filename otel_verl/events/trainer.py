@@ -1,0 +1,419 @@
+"""Trainer-side events: the run, steps and their stages, sample roots, dispatch to the
+rollout workers and per-sample training stages."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link
+
+from otel_verl import carriers, health, semconv as sc
+from otel_verl.ids import id_list, root_span_id_for_uid, trace_id_for_uid
+from otel_verl.record import RolloutData, start_span
+from otel_verl.semconv import Kind, Outcome, Stage
+from otel_verl.events import _core
+from otel_verl.events._core import (
+    _Runtime,
+    _text,
+    _sample_root_context,
+    _end,
+    _SampleEntry,
+    _SampleRegistry,
+    _end_sample_entry,
+    _skip_validation,
+    _with_validate,
+    current_span_scope,
+)
+
+
+def _after_fork_in_child() -> None:
+    global _open
+    _open = _OpenSpans()
+    if _core._runtime is not None:
+        _core._runtime.samples = _SampleRegistry(_core._runtime.settings.max_open_samples)
+
+
+def open_sample_count() -> int:
+    return len(_core._runtime.samples) if _core._runtime is not None else 0
+
+
+def end_open_samples(outcome: str = Outcome.SHUTDOWN.value) -> int:
+    """End every span still open on the trainer (called at shutdown): sample roots with
+    ``outcome``, the open step and its stages. Returns how many samples were open."""
+    if _core._runtime is None:
+        return 0
+    with _open.lock:
+        stages, _open.stages = list(_open.stages), []
+    for span in reversed(stages):
+        _end(span, outcome)
+    step_end()
+    entries = _core._runtime.samples.drain()
+    for entry in entries:
+        _end_sample_entry(entry, outcome)
+    return len(entries)
+
+
+
+
+# --------------------------------------------------------------------------- trainer: run & steps
+
+
+
+@health.guarded(default=None)
+def fit_started(
+    *,
+    trainer: str,
+    layout: str = sc.Layout.COLOCATED.value,
+    total_training_steps: int,
+    train_batch_size: int,
+    rollout_n: int,
+    ppo_mini_batch_size: int,
+    ppo_epochs: int = 1,
+) -> None:
+    """The run's shape, recorded once at the start of fit as an instant span."""
+    rt = _core._runtime
+    if rt is None:
+        return
+    num_minibatches = ppo_epochs * (train_batch_size * rollout_n // max(1, ppo_mini_batch_size))
+    attrs = {
+        sc.TRAINER: trainer,
+        sc.LAYOUT: layout,
+        sc.TOTAL_TRAINING_STEPS: int(total_training_steps),
+        sc.TRAIN_BATCH_SIZE: int(train_batch_size),
+        sc.ROLLOUT_N: int(rollout_n),
+        sc.PPO_MINI_BATCH_SIZE: int(ppo_mini_batch_size),
+        sc.NUM_MINIBATCHES: int(num_minibatches),
+    }
+    span = start_span(rt.tracer, sc.SPAN_FIT, Kind.FIT, context=otel_context.Context(), attributes=attrs)
+    span.end(end_time=span.start_time + 1000)  # 1 µs: backends flag zero-duration spans
+
+
+class _OpenSpans:
+    """The trainer's open step span and stage spans. A step ends when the next begins
+    (or explicitly); stage spans parent to the open step of the same global step."""
+
+    def __init__(self) -> None:
+        self.step: Any = None
+        self.step_number: Optional[int] = None
+        self.stages: List[Any] = []
+        self.lock = threading.Lock()
+
+
+_open = _OpenSpans()
+
+
+@health.guarded(default=None)
+def step_begin(
+    global_step: int,
+    *,
+    trainer: str,
+    layout: str = sc.Layout.COLOCATED.value,
+    epoch: Optional[int] = None,
+    consumed_batches: Optional[int] = None,
+) -> None:
+    """A training step starts: the root of its own trace. Ends the previous step."""
+    rt = _core._runtime
+    if rt is None:
+        return
+    step_end()
+    attrs: Dict[str, Any] = {sc.GLOBAL_STEP: int(global_step), sc.TRAINER: trainer, sc.LAYOUT: layout}
+    if epoch is not None:
+        attrs[sc.EPOCH] = int(epoch)
+    if consumed_batches is not None:
+        attrs[sc.CONSUMED_BATCHES] = int(consumed_batches)
+    span = start_span(rt.tracer, sc.SPAN_STEP, Kind.STEP, context=otel_context.Context(), attributes=attrs)
+    with _open.lock:
+        _open.step, _open.step_number = span, int(global_step)
+
+
+@health.guarded(default=None)
+def step_end(error: Optional[BaseException] = None) -> None:
+    with _open.lock:
+        span, _open.step, _open.step_number = _open.step, None, None
+    if span is not None:
+        _end(span, error=error)
+
+
+def current_step() -> Optional[int]:
+    return _open.step_number
+
+
+@contextlib.contextmanager
+def step(global_step: int, **kwargs: Any) -> Iterator[None]:
+    """:func:`step_begin` ... :func:`step_end` as a context manager."""
+    step_begin(global_step, **kwargs)
+    try:
+        yield
+    except BaseException as exc:
+        step_end(exc)
+        raise
+    else:
+        step_end()
+
+
+class StageHandle:
+    """An open step stage: lets the code inside report batch facts, then ends it."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    @health.guarded(default=None)
+    def response_tokens(self, n_tokens: int) -> None:
+        """Non-pad response tokens generated in this stage (gives gen throughput)."""
+        if self.span is not None:
+            self.span.set_attribute(sc.RESPONSE_TOKENS, int(n_tokens))
+
+    @health.guarded(default=None)
+    def end(self, error: Optional[BaseException] = None) -> None:
+        span, self.span = self.span, None
+        if span is None:
+            return
+        with _open.lock:
+            if span in _open.stages:
+                _open.stages.remove(span)
+        _end(span, error=error)
+
+
+_NULL_STAGE = StageHandle(None)
+
+
+def stage_begin(
+    stage: "Stage | str",
+    *,
+    step: Optional[int] = None,
+    trainer: Optional[str] = None,
+    layout: str = sc.Layout.COLOCATED.value,
+) -> StageHandle:
+    """One stage of a training step (generation, compute log prob, sync params, ...).
+
+    Nested under the open step span when its global step matches; a stage outside any
+    step (the initial weight sync) gets a trace of its own.
+    """
+    rt = _core._runtime
+    if rt is None:
+        return _NULL_STAGE
+    try:
+        stage_value = stage.value if isinstance(stage, Stage) else str(stage)
+        global_step = step if step is not None else _open.step_number
+        attrs: Dict[str, Any] = {sc.STAGE: stage_value, sc.LAYOUT: layout}
+        if global_step is not None:
+            attrs[sc.GLOBAL_STEP] = int(global_step)
+        if trainer:
+            attrs[sc.TRAINER] = trainer
+        step_span = _open.step
+        in_step = step_span is not None and (global_step is None or global_step == _open.step_number)
+        parent = trace.set_span_in_context(step_span) if in_step else otel_context.Context()
+        span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Kind.STEP_STAGE, context=parent, attributes=attrs)
+        with _open.lock:
+            _open.stages.append(span)
+        return StageHandle(span)
+    except Exception as exc:
+        health.record_failure("events.stage_begin", exc)
+        return _NULL_STAGE
+
+
+def current_stage() -> StageHandle:
+    """The innermost open step stage (for facts reported from inside it)."""
+    with _open.lock:
+        return StageHandle(_open.stages[-1]) if _open.stages else _NULL_STAGE
+
+
+@contextlib.contextmanager
+def step_stage(stage: "Stage | str", **kwargs: Any) -> Iterator[StageHandle]:
+    """:func:`stage_begin` as a context manager; the stage span is current inside."""
+    handle = stage_begin(stage, **kwargs)
+    with current_span_scope(handle.span):
+        try:
+            yield handle
+        except BaseException as exc:
+            handle.end(exc)
+            raise
+        else:
+            handle.end()
+
+
+
+# --------------------------------------------------------------------------- trainer: samples
+
+
+
+@health.guarded(default=None)
+def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bool] = None) -> None:
+    """New prompt uids entered training: opens one sample root span (a trace) per uid."""
+    rt = _core._runtime
+    if rt is None or _skip_validation(validate):
+        return
+    empty = otel_context.Context()
+    for uid in dict.fromkeys(id_list(uids)):  # unique, in batch order
+        if rt.samples.get(uid) is not None:
+            continue
+        rt.ids.next_ids(trace_id_for_uid(uid), root_span_id_for_uid(uid))
+        span = start_span(
+            rt.tracer,
+            sc.SPAN_SAMPLE,
+            Kind.SAMPLE,
+            context=empty,
+            attributes=_with_validate({sc.UID: uid, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer}, validate),
+        )
+        rt.samples.add(uid, _SampleEntry(span, int(step)))
+
+
+@health.guarded(default=None)
+def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[str] = None) -> None:
+    """The sample's trajectories were trained on, filtered or dropped: ends its root."""
+    rt = _core._runtime
+    if rt is None:
+        return
+    value = outcome.value if isinstance(outcome, Outcome) else str(outcome)
+    for uid in dict.fromkeys(id_list(uids)):
+        entry = rt.samples.pop(uid)
+        if entry is not None:
+            if detail:
+                entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", _text(detail))
+            _end_sample_entry(entry, value)
+
+
+@health.guarded(default=0)
+def end_samples_before(step: int, outcome: "Outcome | str") -> int:
+    """End the open samples created before ``step`` (v0 trains a sample in its own step)."""
+    rt = _core._runtime
+    if rt is None:
+        return 0
+    stale = rt.samples.created_before(int(step))
+    samples_finished(stale, outcome)
+    return len(stale)
+
+
+def _sample_parent(rt: _Runtime, uid: str, *, prefer_rollout: bool = False) -> otel_context.Context:
+    entry = rt.samples.get(uid)
+    if entry is not None:
+        span = entry.rollout if (prefer_rollout and entry.rollout is not None) else entry.root
+        return trace.set_span_in_context(span)
+    return _sample_root_context(uid)
+
+
+@health.guarded(default=None)
+def rollout_dispatched(
+    uids: Any,
+    traj_uids: Any,
+    worker_indices: Sequence[int],
+    *,
+    step: int,
+    trainer: str,
+    variant: str = "v0",
+    validate: Optional[bool] = None,
+) -> Optional[List[Any]]:
+    """A batch of trajectories was handed to the agent loop workers.
+
+    Opens one rollout span per uid (child of its sample root) and returns, per row, the
+    carrier the worker must use as its trajectory's parent (``None`` when not traced).
+    """
+    rt = _core._runtime
+    if rt is None or _skip_validation(validate):
+        return None
+    uid_list = id_list(uids)
+    traj_list = id_list(traj_uids)
+    if len(traj_list) != len(uid_list):
+        traj_list = (traj_list * len(uid_list))[: len(uid_list)] if len(traj_list) == 1 else ["N/A"] * len(uid_list)
+    per_uid: "OrderedDict[str, RolloutData]" = OrderedDict()
+    for uid, traj, worker in zip(uid_list, traj_list, worker_indices):
+        data = per_uid.get(uid)
+        if data is None:
+            data = per_uid[uid] = RolloutData([], [], variant)
+        data.traj_uids.append(traj)
+        data.worker_indices.append(int(worker))
+    carrier_by_uid: Dict[str, Any] = {}
+    for uid, data in per_uid.items():
+        span = start_span(
+            rt.tracer,
+            sc.SPAN_ROLLOUT,
+            Kind.ROLLOUT,
+            data,
+            context=_sample_parent(rt, uid),
+            attributes=_with_validate(
+                {
+                    sc.UID: uid,
+                    sc.GLOBAL_STEP: int(step),
+                    sc.TRAINER: trainer,
+                    sc.TRAJ_UIDS: data.traj_uids,
+                    sc.WORKER_INDICES: data.worker_indices,
+                },
+                validate,
+            ),
+        )
+        entry = rt.samples.get(uid)
+        if entry is not None:
+            if entry.rollout is not None and entry.rollout.is_recording():
+                entry.rollout.end()
+            entry.rollout = span
+        carrier_by_uid[uid] = carriers.TraceCarrier.from_span(span)
+    return [
+        carrier_by_uid[uid].with_row({"traj_uid": traj, "worker": int(worker)})
+        for uid, traj, worker in zip(uid_list, traj_list, worker_indices)
+    ]
+
+
+@health.guarded(default=None)
+def rollout_returned(uids: Any, *, error: Optional[BaseException] = None) -> None:
+    """The generation call that carried these uids returned: ends their rollout spans."""
+    rt = _core._runtime
+    if rt is None:
+        return
+    for uid in dict.fromkeys(id_list(uids)):
+        entry = rt.samples.get(uid)
+        if entry is not None and entry.rollout is not None:
+            _end(entry.rollout, error=error)
+            entry.rollout = None
+
+
+@health.guarded(default=None)
+def sample_stage_done(
+    stage: "Stage | str",
+    uids: Any,
+    traj_uids: Any,
+    *,
+    step: int,
+    start_ns: int,
+    trainer: str,
+    validate: Optional[bool] = None,
+) -> None:
+    """A batch stage finished for these rows: one span per uid (child of its sample root,
+    linked to the step's stage span) listing the uid's traj_uids in batch order."""
+    rt = _core._runtime
+    if rt is None or _skip_validation(validate):
+        return
+    stage_value = stage.value if isinstance(stage, Stage) else str(stage)
+    uid_list = id_list(uids)
+    traj_list = id_list(traj_uids) if traj_uids is not None else ["N/A"] * len(uid_list)
+    if len(traj_list) != len(uid_list):
+        traj_list = ["N/A"] * len(uid_list)
+    grouped: "OrderedDict[str, List[str]]" = OrderedDict()
+    for uid, traj in zip(uid_list, traj_list):
+        grouped.setdefault(uid, []).append(traj)
+    stage_span = current_stage().span or trace.get_current_span()
+    stage_span_ctx = stage_span.get_span_context()
+    links = [Link(stage_span_ctx)] if stage_span_ctx.is_valid else None
+    end_ns = _core._now_ns()
+    name = sc.sample_stage_span_name(stage_value)
+    for uid, trajs in grouped.items():
+        span = start_span(
+            rt.tracer,
+            name,
+            Kind.SAMPLE_STAGE,
+            trajs,
+            context=_sample_parent(rt, uid),
+            links=links,
+            start_time=start_ns,
+            attributes=_with_validate(
+                {sc.UID: uid, sc.TRAJ_UIDS: trajs, sc.STAGE: stage_value, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer},
+                validate,
+            ),
+        )
+        span.end(end_time=end_ns)

@@ -1,0 +1,396 @@
+"""Rollout-worker events: a trajectory and what happens inside it (agent run, LLM turns,
+observations, tool calls, reward)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
+
+from opentelemetry.trace import SpanKind
+
+from otel_verl import carriers, health, semconv as sc
+from otel_verl.ids import id_str
+from otel_verl.record import TrajectoryData, TurnData, start_span
+from otel_verl.semconv import Kind
+from otel_verl.events import _core
+from otel_verl.events._core import (
+    _text,
+    _capturing_content,
+    _content,
+    _messages_json,
+    _sample_root_context,
+    _end,
+    _start_guarded,
+    current_span_scope,
+    _set,
+    _run_in_span,
+)
+
+
+# --------------------------------------------------------------------------- rollout worker
+
+_current_traj: contextvars.ContextVar[Optional["_Trajectory"]] = contextvars.ContextVar("otel_verl_traj", default=None)
+_SUPPRESSED = object()  # a validation trajectory: everything inside it is silent
+_current_turn: contextvars.ContextVar[Optional["Turn"]] = contextvars.ContextVar("otel_verl_turn", default=None)
+
+
+class _Trajectory:
+    __slots__ = ("span", "data", "agent_loop_class", "worker_index")
+
+    def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int]) -> None:
+        self.span = span
+        self.data = data
+        self.agent_loop_class: Optional[str] = None
+        self.worker_index = worker_index
+
+
+def _active_traj() -> Optional[_Trajectory]:
+    traj = _current_traj.get()
+    return traj if traj is not None and traj is not _SUPPRESSED else None
+
+
+@contextlib.contextmanager
+def trajectory(
+    uid: Any,
+    traj_uid: Any,
+    *,
+    step: int,
+    agent_name: str,
+    parent: Any = None,
+    n_samples: Optional[int] = None,
+    worker_index: Optional[int] = None,
+    trainer_api: str = "v0",
+    validate: bool = False,
+    decode: Any = None,
+    encode: Any = None,
+) -> Iterator[Optional[TrajectoryData]]:
+    """One (uid, traj_uid) agent run in a rollout worker: a GenAI ``invoke_agent`` span.
+
+    ``parent`` is the carrier the trainer sent with the row; without one the span is
+    parented to the sample root's derived ids. Yields the trajectory's data (``None``
+    when not traced) so the caller may add metrics.
+    """
+    rt = _core._runtime
+    if rt is None:
+        yield None
+        return
+    if validate and not rt.settings.trace_validation:
+        with _set(_current_traj, _SUPPRESSED):
+            yield None
+        return
+    traj = None
+    try:
+        uid_s, traj_s = id_str(uid), id_str(traj_uid)
+        agent_name = _text(agent_name)
+        parent_ctx = carriers.context_from(parent) if parent is not None else None
+        if parent_ctx is None:
+            parent_ctx = _sample_root_context(uid_s)
+        data = TrajectoryData(
+            uid=uid_s,
+            traj_uid=traj_s,
+            global_step=int(step),
+            n_samples=n_samples,
+            agent_name=agent_name,
+            created_at=time.time(),
+            trainer_api=trainer_api,
+            decode=decode,
+            encode=encode,
+        )
+        attrs = {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+            sc.GEN_AI_AGENT_NAME: agent_name,
+            sc.GEN_AI_CONVERSATION_ID: f"{uid_s}/{traj_s}",
+            sc.UID: uid_s,
+            sc.TRAJ_UID: traj_s,
+            sc.GLOBAL_STEP: int(step),
+        }
+        if worker_index is not None:
+            attrs[sc.WORKER_INDEX] = int(worker_index)
+        if validate:
+            attrs[sc.VALIDATE] = True
+        span = start_span(
+            rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs
+        )
+        traj = _Trajectory(span, data, worker_index)
+    except Exception as exc:  # tracing failed: run untraced
+        health.record_failure("events.trajectory", exc)
+        yield None
+        return
+    with current_span_scope(traj.span), _set(_current_traj, traj):
+        try:
+            yield traj.data
+        except BaseException as exc:
+            _finish_trajectory(traj, exc)
+            raise
+        else:
+            _finish_trajectory(traj, None)
+
+
+def _finish_trajectory(traj: _Trajectory, error: Optional[BaseException]) -> None:
+    try:
+        traj.data.completed_at = time.time()
+        if traj.data.reward_score is not None:
+            traj.span.set_attribute(sc.REWARD_SCORE, traj.data.reward_score)
+        traj.span.set_attribute(sc.NUM_TURNS, len(traj.data.turns))
+        _end(traj.span, error=error)
+    except Exception as exc:
+        health.record_failure("events.trajectory.end", exc)
+
+
+@contextlib.contextmanager
+def agent_run(agent_loop_class: str) -> Iterator[None]:
+    """The agent loop's ``run()`` inside the current trajectory."""
+    traj = _active_traj()
+    if traj is None:
+        yield
+        return
+    agent_loop_class = _text(agent_loop_class)
+    traj.agent_loop_class = agent_loop_class
+    span = _start_guarded(
+        sc.SPAN_AGENT_RUN,
+        Kind.AGENT_RUN,
+        None,
+        {sc.AGENT_LOOP_CLASS: agent_loop_class, sc.UID: traj.data.uid, sc.TRAJ_UID: traj.data.traj_uid, sc.GLOBAL_STEP: traj.data.global_step},
+        data=traj.data,
+    )
+    with current_span_scope(span):
+        yield from _run_in_span(span)
+
+
+@health.guarded(default=None)
+def agent_metrics(metrics: Mapping[str, Any]) -> None:
+    """The agent loop's own metrics for the current trajectory (a plain dict)."""
+    traj = _active_traj()
+    if traj is not None and metrics:
+        traj.data.agent_metrics.update(metrics)
+
+
+@health.guarded(default=None)
+def trajectory_score(score: Any) -> None:
+    """A reward score the agent loop already had (no reward computation traced here)."""
+    traj = _active_traj()
+    if traj is not None and score is not None:
+        traj.data.reward_score = float(score)
+        traj.data.agent_metrics["reward_score"] = float(score)
+
+
+class Turn:
+    """What :func:`llm_call` yields: the caller reports the response through it."""
+
+    __slots__ = ("span", "data", "_carrier", "_decode")
+
+    def __init__(self, span: Any, data: Optional[TurnData], decode: Any = None) -> None:
+        self.span = span
+        self.data = data
+        self._carrier: Optional[Dict[str, str]] = None
+        self._decode = decode  # the tokenizer's decode, only when content capture is on
+
+    def carrier(self) -> Dict[str, str]:
+        """W3C headers of this turn's span, for the server side (``traceparent``...)."""
+        if self._carrier is None:
+            self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
+        return self._carrier
+
+    @health.guarded(default=None)
+    def finish(
+        self,
+        completion_ids: Sequence[int] = (),
+        *,
+        stop_reason: Any = None,
+        output_tokens: Optional[int] = None,
+        server_meta: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        data = self.data
+        if data is None:
+            return
+        data.end_ts = time.time()
+        data.completion_ids = completion_ids if completion_ids is not None else ()
+        data.completion_token_count = output_tokens
+        data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+        if server_meta:
+            data.server_meta.update(server_meta)
+        span = self.span
+        count = output_tokens if output_tokens is not None else len(data.completion_ids)
+        span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(count))
+        if data.finish_reason:
+            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, (_text(data.finish_reason),))
+        for key, value in data.server_meta.items():
+            span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
+        if self._decode is not None:
+            self._capture_content(span, data)
+
+    def _capture_content(self, span: Any, data: TurnData) -> None:
+        """Opt-in content: the decoded prompt and completion as GenAI messages."""
+        try:
+            count = data.prompt_token_count
+            prompt_ids = data.prompt_ids[:count] if count is not None else data.prompt_ids
+            prompt = self._decode(prompt_ids, skip_special_tokens=False)
+            completion = self._decode(data.completion_ids, skip_special_tokens=False)
+        except Exception as exc:
+            health.record_failure("events.capture_content", exc)
+            return
+        span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
+        span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
+
+
+_NULL_TURN = Turn(None, None)
+
+
+@contextlib.contextmanager
+def llm_call(
+    prompt_ids: Sequence[int],
+    *,
+    model: Optional[str] = None,
+    provider: str = "verl",
+    operation: str = sc.OP_CHAT,
+    request_id: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+) -> Iterator[Turn]:
+    """One generate call of the current trajectory (GenAI ``chat``/``text_completion``)."""
+    traj = _active_traj()
+    if traj is None:
+        yield _NULL_TURN
+        return
+    try:
+        data = TurnData(prompt_ids=prompt_ids, start_ts=time.time(), prompt_token_count=len(prompt_ids))
+        operation, model = _text(operation), _text(model) if model else None
+        attrs: Dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: _text(provider),
+            sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
+            sc.UID: traj.data.uid,
+            sc.TRAJ_UID: traj.data.traj_uid,
+            sc.GLOBAL_STEP: traj.data.global_step,
+            sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
+        }
+        if model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = model
+        if request_id:
+            attrs[sc.LLM_REQUEST_ID] = _text(request_id)
+        if max_tokens is not None:
+            attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = int(max_tokens)
+        if temperature is not None:
+            attrs[sc.GEN_AI_REQUEST_TEMPERATURE] = float(temperature)
+        if top_p is not None:
+            attrs[sc.GEN_AI_REQUEST_TOP_P] = float(top_p)
+    except Exception as exc:  # malformed arguments: the call runs untraced
+        health.record_failure("events.llm_call", exc)
+        yield _NULL_TURN
+        return
+    span = _start_guarded(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
+    if span is None:
+        yield _NULL_TURN
+        return
+    traj.data.turns.append(data)
+    turn = Turn(span, data, traj.data.decode if _capturing_content() else None)
+    with current_span_scope(span), _set(_current_turn, turn):
+        try:
+            yield from _run_in_span(span, turn)
+        except BaseException:
+            # A generate call that raised is no turn of the trajectory (the legacy JSONL
+            # only ever recorded calls that returned); its span keeps the error.
+            _forget_turn(traj.data, data)
+            raise
+    if not data.end_ts:
+        data.end_ts = time.time()
+
+
+def _forget_turn(traj_data: TrajectoryData, turn_data: TurnData) -> None:
+    turns = traj_data.turns
+    for i in range(len(turns) - 1, -1, -1):
+        if turns[i] is turn_data:  # identity: TurnData compares by value
+            del turns[i]
+            return
+
+
+@health.guarded(default=None)
+def observation(texts: Sequence[str]) -> None:
+    """Tool/environment messages added after the current trajectory's last turn."""
+    traj = _active_traj()
+    if traj is None or not traj.data.turns or not texts:
+        return
+    last = traj.data.turns[-1]
+    last.observation_text = "\n".join(texts)
+    last.observation_start_ts = last.end_ts or None
+    last.observation_end_ts = time.time()
+
+
+@contextlib.contextmanager
+def tool_call(
+    name: str, *, call_id: Optional[str] = None, tool_type: str = "function", arguments: Any = None
+) -> Iterator[Any]:
+    """One tool execution of the current trajectory (GenAI ``execute_tool``).
+
+    ``arguments`` (the model's argument text) goes on the span only when content capture
+    is switched on (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
+    traj = _active_traj()
+    if traj is None:
+        yield None
+        return
+    name = _text(name)
+    attrs = {
+        sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+        sc.GEN_AI_TOOL_NAME: name,
+        sc.GEN_AI_TOOL_TYPE: _text(tool_type),
+        sc.UID: traj.data.uid,
+        sc.TRAJ_UID: traj.data.traj_uid,
+        sc.GLOBAL_STEP: traj.data.global_step,
+    }
+    if call_id:
+        attrs[sc.GEN_AI_TOOL_CALL_ID] = _text(call_id)
+    if arguments is not None and _capturing_content():
+        attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = _content(arguments)
+    span = _start_guarded(sc.tool_span_name(name), Kind.TOOL, None, attrs)
+    with current_span_scope(span):
+        yield from _run_in_span(span)
+
+
+class RewardHandle:
+    __slots__ = ("span", "traj")
+
+    def __init__(self, span: Any, traj: Optional[_Trajectory]) -> None:
+        self.span = span
+        self.traj = traj
+
+    @health.guarded(default=None)
+    def score(self, value: Any) -> None:
+        if self.traj is None:
+            return
+        score = float(value)
+        self.traj.data.reward_score = score
+        self.traj.data.agent_metrics["reward_score"] = score
+        if self.span is not None:
+            self.span.set_attribute(sc.REWARD_SCORE, score)
+
+
+@contextlib.contextmanager
+def reward() -> Iterator[RewardHandle]:
+    """Reward computation for the current trajectory, inside the rollout worker."""
+    traj = _active_traj()
+    if traj is None:
+        yield RewardHandle(None, None)
+        return
+    span = _start_guarded(
+        sc.SPAN_REWARD,
+        Kind.REWARD,
+        None,
+        {sc.UID: traj.data.uid, sc.TRAJ_UID: traj.data.traj_uid, sc.GLOBAL_STEP: traj.data.global_step},
+        data=traj.data,
+    )
+    with current_span_scope(span):
+        yield from _run_in_span(span, RewardHandle(span, traj))
+
+
+
+
+def current_trajectory() -> Optional[TrajectoryData]:
+    traj = _active_traj()
+    return traj.data if traj is not None else None
+
+
+def current_turn() -> Optional[Turn]:
+    return _current_turn.get()
