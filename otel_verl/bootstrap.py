@@ -282,6 +282,7 @@ def shutdown() -> None:
 
     try:
         events.end_open_samples()
+        events.end_open_prompt_tasks()
         provider.shutdown()
     except Exception as exc:
         health.record_failure("bootstrap.shutdown", exc)

@@ -14,6 +14,8 @@ runtime env lost the job's setup hook still starts tracing on the first traced d
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
 
 from opentelemetry import context as otel_context
@@ -73,7 +75,31 @@ def _restore(
             _activation.activate_from_carrier(activation)
         except Exception:  # never let unpickling fail because of tracing
             pass
-    return TraceCarrier(headers, activation, row)
+    carrier = TraceCarrier(headers, activation, row)
+    if row and row.get("uid") is not None:
+        _note_arrival(str(row["uid"]), carrier)
+    return carrier
+
+
+# v1 rows reach the worker inside a TensorDict chunk, and verl starts each prompt's task
+# (which marks it "running" in TransferQueue) before any hooked call sees the row: a
+# carrier that names its uid is kept here on arrival for the prompt-task hook. Bounded.
+ARRIVED_LIMIT = 65536
+_arrived: "OrderedDict[str, TraceCarrier]" = OrderedDict()
+_arrived_lock = threading.Lock()
+
+
+def _note_arrival(uid: str, carrier: TraceCarrier) -> None:
+    with _arrived_lock:
+        _arrived[uid] = carrier
+        while len(_arrived) > ARRIVED_LIMIT:
+            _arrived.popitem(last=False)
+
+
+def take_arrived(uid: Any) -> Optional[TraceCarrier]:
+    """The carrier that arrived in this process for ``uid`` (removed), or ``None``."""
+    with _arrived_lock:
+        return _arrived.pop(str(uid), None)
 
 
 _activation_cache: Optional[Dict[str, str]] = None
@@ -99,8 +125,11 @@ def headers_of(span: Any) -> Dict[str, str]:
 
 
 def context_from(carrier: Any) -> Optional[otel_context.Context]:
-    """A parent context from a TraceCarrier, a header dict or a bare traceparent string;
+    """A parent context from a TraceCarrier, a header dict, a bare traceparent string or
+    a Context (returned as is);
     ``None`` when it holds no valid context."""
+    if isinstance(carrier, otel_context.Context):
+        return carrier
     if isinstance(carrier, TraceCarrier):
         headers: Mapping[str, str] = carrier.headers
     elif isinstance(carrier, Mapping):

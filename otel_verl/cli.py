@@ -59,12 +59,19 @@ def launch_env(base: "os._Environ[str] | dict", trace_dir: str | None = None) ->
 @click.option("--prompts", type=click.IntRange(1, 4096), default=4, show_default=True, help="Prompts per step.")
 @click.option("--n", "n", type=click.IntRange(1, 64), default=4, show_default=True, help="Trajectories per prompt (rollout.n).")
 @click.option("--agent", type=click.Choice(["single", "tool"]), default="tool", show_default=True)
-def demo(trace_dir: str, steps: int, prompts: int, n: int, agent: str) -> None:
-    """Run a traced CPU demo: real verl (v0 trainer, agent loops, reward) on a local Ray
+@click.option("--trainer", type=click.Choice(["v0", "v1"]), default="v0", show_default=True,
+              help="verl's RayPPOTrainer (v0) or the TransferQueue trainer of verl.trainer.main_ppo (v1).")
+@click.option("--mode", type=click.Choice(["sync", "colocate_async", "separate_async"]), default="sync",
+              show_default=True, help="v1 trainer mode (trainer.v1.trainer_mode).")
+def demo(trace_dir: str, steps: int, prompts: int, n: int, agent: str, trainer: str, mode: str) -> None:
+    """Run a traced CPU demo: real verl (trainer, agent loops, reward) on a local Ray
     cluster with stand-ins for the GPU parts; writes every output to TRACE_DIR."""
     from otel_verl.demo.traced import describe, run_demo
 
-    summary = run_demo(trace_dir, steps=steps, prompts=prompts, n=n, agent=agent)
+    if trainer == "v1" and mode == "separate_async" and prompts % 2:
+        raise click.BadParameter("separate_async trains each step in 2 mini-batches: use an even --prompts", param_hint="--prompts")
+    extra = {"mode": mode} if trainer == "v1" else {}
+    summary = run_demo(trace_dir, steps=steps, prompts=prompts, n=n, agent=agent, trainer=trainer, **extra)
     click.echo(describe(summary))
 
 
@@ -94,7 +101,8 @@ def _print_rich(draw) -> None:
 # --------------------------------------------------------------------------- doctor
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
-REQUIRED_COMPONENTS = ("trainer_v0", "agent_loop", "llm_client")  # llm_server: per engine, optional
+# llm_server: per engine; trainer_separation: an experimental trainer (both optional)
+REQUIRED_COMPONENTS = ("trainer", "trainer_v0", "trainer_v1", "agent_loop", "agent_loop_tq", "llm_client")
 _STATE_STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", INFO: "dim"}
 
 

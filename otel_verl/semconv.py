@@ -176,6 +176,8 @@ class Outcome(str, enum.Enum):
     FILTERED = "filtered"
     EVICTED = "evicted"
     DROPPED = "dropped"
+    CLEARED = "cleared_untrained"  # v1: its trajectories were cleared without an actor update
+    NOT_CONSUMED = "never_consumed"  # v1: still waiting for training when fit ended
     OPEN_LIMIT = "evicted_open_span_limit"
     SHUTDOWN = "unfinished_at_shutdown"
 

@@ -46,6 +46,7 @@ class Pipeline:
         from otel_verl import events
 
         events.end_open_samples()
+        events.end_open_prompt_tasks()
         self.provider.shutdown()
         events._install(None)
 

@@ -13,10 +13,8 @@ import socket
 import pytest
 
 from otel_verl import events, health
-from otel_verl import semconv as sc
 from otel_verl.exporters.sample_csv import SampleCsvProcessor, _Rows, render_rows
-from otel_verl.record import start_span
-from otel_verl.semconv import Kind, Stage
+from otel_verl.semconv import Stage
 
 CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
 T0_NS = 1_787_215_029_010_123_456  # -> 1787215029010 ms
@@ -283,14 +281,12 @@ def test_reward_without_score_writes_no_row(csv_proc, clock):
 def test_v1_trainer_and_worker_flow(csv_proc, clock):
     proc, pipeline = csv_proc()
     events.rollout_dispatched(["u1", "u1"], ["N/A", "N/A"], [2, 2], step=7, trainer="PPOTrainerV1", variant="v1")
-    # the v1 prompt task has no events function yet: started here as events would
-    tracer = pipeline.provider.get_tracer("test")
-    task = start_span(tracer, sc.SPAN_PROMPT_TASK, Kind.PROMPT_TASK,
-                      attributes={sc.UID: "u1", sc.GLOBAL_STEP: 7, sc.GEN_AI_AGENT_NAME: "single_turn_agent"})
-    with events.trajectory("u1", "1", step=7, agent_name="single_turn_agent", trainer_api="v1", n_samples=4):
+    events.prompt_task_started("u1", step=7, agent_name="single_turn_agent", worker_index=2)
+    with events.trajectory("u1", "1", step=7, agent_name="single_turn_agent", trainer_api="v1", n_samples=4,
+                           parent=events.prompt_task_parent("u1")):
         with events.agent_run("SingleTurnAgentLoop"):
             pass
-    task.end()
+    events.prompt_task_finished("u1")
     assert [c for _, _, c in contents(proc)] == [
         "from=PPOTrainerV1|to=AgentLoopManagerTQ|stage=DATA_DISPATCH|global_step=7|detail=dispatched_to_agent_loop_manager",
         "from=AgentLoopManagerTQ|to=AgentLoopWorkerTQ_2|stage=DATA_DISPATCH|global_step=7|detail=dispatched_to_agent_loop_worker",

@@ -22,23 +22,23 @@ def run_demo(
     prompts: int = 4,
     n: int = 4,
     agent: str = "tool",
+    trainer: str = "v0",
     server: str = "sglang",
     validate: bool = True,
     extra_env: Optional[Dict[str, str]] = None,
-    adv_estimator: str = "grpo",
-    agent_name: Optional[str] = None,
-    agent_loop_config_path: Optional[str] = None,
     worker_env: Optional[Dict[str, str]] = None,
     overrides: Sequence[str] = (),
     **harness_kwargs: Any,
 ) -> Dict[str, Any]:
     """Run the traced demo and return the harness summary plus where the outputs are.
 
+    ``trainer`` picks the harness: ``v0`` (:func:`otel_verl.demo.harness.run_v0`) or
+    ``v1`` (:func:`otel_verl.demo.harness_v1.run_v1`, ``mode=`` among its keywords).
     ``extra_env`` goes into this process's environment (and so is forwarded to the
     workers when it is a tracing variable); ``worker_env`` only into the Ray workers'
-    runtime env (e.g. ``PYTHONPATH`` for a custom agent loop's module). ``adv_estimator``,
-    ``agent_name``, ``agent_loop_config_path``, ``overrides`` and any other keyword go to
-    :func:`otel_verl.demo.harness.run_v0`.
+    runtime env (e.g. ``PYTHONPATH`` for a custom agent loop's module). ``overrides`` and
+    any other keyword (``adv_estimator``, ``agent_name``, ``agent_loop_config_path``,
+    ``mode``, ...) go to the harness.
     """
     trace_dir = os.path.abspath(trace_dir)
     os.makedirs(trace_dir, exist_ok=True)
@@ -49,13 +49,19 @@ def run_demo(
     os.environ.update(extra_env or {})
 
     from otel_verl import activation, bootstrap
-    from otel_verl.demo.harness import run_v0
+
+    if trainer == "v0":
+        from otel_verl.demo.harness import run_v0 as run_harness
+    elif trainer == "v1":
+        from otel_verl.demo.harness_v1 import run_v1 as run_harness
+    else:
+        raise ValueError(f"trainer must be 'v0' or 'v1', got {trainer!r}")
 
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
     runtime_env = activation.runtime_env()
     runtime_env["env_vars"].update(worker_env or {})
     harness_kwargs.setdefault("trainer_in_actor", True)
-    summary = run_v0(
+    summary = run_harness(
         os.path.join(trace_dir, "harness"),
         steps=steps,
         prompts=prompts,
@@ -64,15 +70,13 @@ def run_demo(
         server=server,
         validate=validate,
         runtime_env=runtime_env,
-        adv_estimator=adv_estimator,
-        agent_name=agent_name,
-        agent_loop_config_path=agent_loop_config_path,
         overrides=overrides,
         **harness_kwargs,
     )
     bootstrap.shutdown()
     summary["outputs"] = outputs(trace_dir)
     summary["run_id"] = os.environ["OTEL_VERL_RUN_ID"]
+    summary["trainer"] = trainer
     return summary
 
 
@@ -108,7 +112,8 @@ def describe(summary: Dict[str, Any]) -> str:
     config = summary.get("config", {})
     rows = [
         f"run id: {summary.get('run_id')}",
-        f"ran: {config.get('steps')} steps x {config.get('prompts')} prompts x n={config.get('n')} ({config.get('agent')} agent)",
+        f"ran: {summary.get('trainer', 'v0')} trainer{' (' + config['mode'] + ')' if config.get('mode') else ''}, "
+        f"{config.get('steps')} steps x {config.get('prompts')} prompts x n={config.get('n')} ({config.get('agent')} agent)",
         f"spans: {len(spans)} in {len(traces)} traces -> {os.path.dirname(out['otlp_json'][0]) if out['otlp_json'] else '-'}",
         f"sample-flow CSV rows: {lines(out['sample_csv'])} in {len(out['sample_csv'])} files",
         f"progress lines: {lines(out['progress'])} in {len(out['progress'])} files",

@@ -35,10 +35,18 @@ from __future__ import annotations
 from typing import Any
 
 from otel_verl.events._core import _install, _Runtime, enabled, is_validating, validating, current_span_scope
+from otel_verl.events import prompt_task as _prompt_task
+from otel_verl.events.prompt_task import (
+    end_open_prompt_tasks,
+    open_prompt_task_count,
+    prompt_task_finished,
+    prompt_task_parent,
+    prompt_task_started,
+)
 from otel_verl.events.server import ServerCall, current_server_call, llm_server_call
+from otel_verl.events import trainer as _trainer
 from otel_verl.events.trainer import (
     StageHandle,
-    _after_fork_in_child,
     current_stage,
     current_step,
     end_open_samples,
@@ -70,6 +78,11 @@ from otel_verl.events.worker import (
     trajectory,
     trajectory_score,
 )
+
+
+def _after_fork_in_child() -> None:
+    _trainer._after_fork_in_child()
+    _prompt_task._after_fork_in_child()
 
 
 def __getattr__(name: str) -> Any:

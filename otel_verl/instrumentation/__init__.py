@@ -23,9 +23,27 @@ from otel_verl.instrumentation.package import _instruments
 
 def all_hooks() -> List[hooks.Hook]:
     """Every wrap target of every component, in install order."""
-    from otel_verl.instrumentation import agent_loop, llm_client, llm_server, trainer_v0
+    from otel_verl.instrumentation import (
+        _trainer,
+        agent_loop,
+        agent_loop_tq,
+        llm_client,
+        llm_server,
+        trainer_separation,
+        trainer_v0,
+        trainer_v1,
+    )
 
-    return [*trainer_v0.HOOKS, *agent_loop.HOOKS, *llm_client.HOOKS, *llm_server.HOOKS]
+    return [
+        *_trainer.HOOKS,
+        *trainer_v0.HOOKS,
+        *trainer_v1.HOOKS,
+        *trainer_separation.HOOKS,
+        *agent_loop.HOOKS,
+        *agent_loop_tq.HOOKS,
+        *llm_client.HOOKS,
+        *llm_server.HOOKS,
+    ]
 
 
 class VerlInstrumentor(BaseInstrumentor):

@@ -39,12 +39,15 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
         traj_uid = session_id if session_id is not None else kwargs.get("traj_uid", "N/A")
     rollout_config = getattr(worker, "rollout_config", None)
     tokenizer = getattr(worker, "tokenizer", None)
+    uid = kwargs.get("uid", "N/A")
+    # v1: a session is a child of its prompt's task (see agent_loop_tq)
+    prompt_task = events.prompt_task_parent(uid) if session_id is not None else None
     return dict(
-        uid=kwargs.get("uid", "N/A"),
+        uid=uid,
         traj_uid=traj_uid,
         step=int(trajectory.get("step", kwargs.get("global_steps", -1)) or -1),
         agent_name=str(kwargs.get("agent_name") or "agent"),
-        parent=carrier,
+        parent=prompt_task if prompt_task is not None else carrier,
         n_samples=getattr(rollout_config, "n", None),
         worker_index=row.get("worker"),
         trainer_api="v1" if session_id is not None else "v0",

@@ -17,17 +17,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any, List, Optional
+from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
 from otel_verl.ids import id_list
+from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound, self_and_args
 from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Outcome, Role, Stage
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
-TRACKING = "verl.utils.tracking"
 TRAINER = "RayPPOTrainer"
 COMPONENT = "trainer_v0"
 
@@ -49,113 +49,27 @@ STAGE_BY_TIMER = {
 }
 
 
-class _Trainer:
-    """The trainer being traced in this process (one per TaskRunner)."""
-
-    instance: Any = None
-    record_metrics: Optional[events.StageHandle] = None
-
-
-def _global_step() -> int:
-    return int(getattr(_Trainer.instance, "global_steps", -1) or -1)
-
-
-# --------------------------------------------------------------------------- fit and steps
-
-
 def _fit(wrapped, instance, args, kwargs):
     try:
         bootstrap.ensure(Role.TRAINER)
-        _Trainer.instance = instance
-        config = instance.config
-        actor = config.actor_rollout_ref.actor
-        events.fit_started(
-            trainer=TRAINER,
-            total_training_steps=int(instance.total_training_steps),
-            train_batch_size=int(config.data.train_batch_size),
-            rollout_n=int(config.actor_rollout_ref.rollout.n),
-            ppo_mini_batch_size=int(actor.ppo_mini_batch_size),
-            ppo_epochs=int(actor.get("ppo_epochs", 1)),
-        )
+        _trainer.current.bind(instance, TRAINER)
+        _trainer.fit_started(instance)
     except Exception as exc:
         health.record_failure("trainer_v0.fit", exc)
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _end_record_metrics()
-        events.step_end()
-        bootstrap.flush()
-        flush_actors(_worker_actors(instance))
+        _trainer.fit_finished(_worker_actors(instance))
 
 
 def _worker_actors(trainer: Any) -> List[Any]:
     """The actors whose spans the end of training must not lose: agent loop workers,
     reward workers and LLM servers (attribute names from verl 0.9.1's ray_trainer)."""
-    handles: List[Any] = []
-    handles += list(getattr(getattr(trainer, "async_rollout_manager", None), "agent_loop_workers", None) or [])
-    handles += list(getattr(getattr(trainer, "reward_loop_manager", None), "reward_loop_workers", None) or [])
-    handles += list(getattr(getattr(trainer, "llm_server_manager", None), "server_handles", None) or [])
-    return handles
-
-
-def flush_actors(handles: List[Any], timeout_s: float = 30.0) -> None:
-    """Ask each actor to flush its tracing outputs and wait (bounded).
-
-    At the end of a job Ray kills actors without running their exit handlers, so what
-    their batch processors still hold would be lost; fit's end is the last moment the
-    trainer can ask them to write it out.
-    """
-    if not handles:
-        return
-    try:
-        import ray
-
-        refs = [handle.__ray_call__.remote(bootstrap.flush_in_actor) for handle in handles]
-        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    except Exception as exc:
-        health.record_failure("trainer_v0.flush_actors", exc)
-
-
-class _StageTimer:
-    """``marked_timer(...)``'s context manager with a step-stage span around it."""
-
-    __slots__ = ("_timer", "_stage", "_handle", "_scope")
-
-    def __init__(self, timer: Any, stage: Stage) -> None:
-        self._timer = timer
-        self._stage = stage
-        self._handle = None
-        self._scope = None
-
-    def __enter__(self) -> Any:
-        try:
-            self._handle = events.stage_begin(self._stage, step=_global_step(), trainer=TRAINER)
-            self._scope = events.current_span_scope(self._handle.span)
-            self._scope.__enter__()
-        except Exception as exc:
-            health.record_failure("trainer_v0.marked_timer", exc)
-        return self._timer.__enter__()
-
-    def __exit__(self, *exc_info: Any) -> Any:
-        try:
-            return self._timer.__exit__(*exc_info)
-        finally:
-            try:
-                if self._scope is not None:
-                    self._scope.__exit__(None, None, None)
-                if self._handle is not None:
-                    self._handle.end(exc_info[1])
-            except Exception as exc:
-                health.record_failure("trainer_v0.marked_timer", exc)
-
-
-def _marked_timer(wrapped, instance, args, kwargs):
-    timer = wrapped(*args, **kwargs)
-    name = args[0] if args else kwargs.get("name")
-    stage = STAGE_BY_TIMER.get(name)
-    if stage is None or events.is_validating() or _Trainer.instance is None:
-        return timer
-    return _StageTimer(timer, stage)
+    return _trainer.actor_handles(
+        (trainer, "async_rollout_manager", "agent_loop_workers"),
+        (trainer, "reward_loop_manager", "reward_loop_workers"),
+        (trainer, "llm_server_manager", "server_handles"),
+    )
 
 
 def _get_gen_batch(wrapped, instance, args, kwargs):
@@ -163,43 +77,19 @@ def _get_gen_batch(wrapped, instance, args, kwargs):
         try:
             _, values = bound(wrapped, instance, args, kwargs)
             step = int(instance.global_steps)
-            _Trainer.instance = instance
-            _end_record_metrics()
+            if _trainer.current.instance is not instance:
+                _trainer.current.bind(instance, TRAINER)
+            _trainer.end_record_metrics()
             # v0 trains every sample in the step that created it: whatever is still open
             # from an earlier step was not trained (critic warm-up, a skipped update).
             events.end_samples_before(step, Outcome.DROPPED)
             batches = max(1, len(instance.train_dataloader))
-            events.step_begin(step, trainer=TRAINER, epoch=(step - 1) // batches, consumed_batches=(step - 1) % batches)
+            events.step_begin(step, trainer=TRAINER, layout=_trainer.current.layout,
+                              epoch=(step - 1) // batches, consumed_batches=(step - 1) % batches)
             events.samples_created(values["batch"].non_tensor_batch["uid"], step=step, trainer=TRAINER)
         except Exception as exc:
             health.record_failure("trainer_v0._get_gen_batch", exc)
     return wrapped(*args, **kwargs)
-
-
-def _validate(wrapped, instance, args, kwargs):
-    with events.validating():
-        return wrapped(*args, **kwargs)
-
-
-def _compute_data_metrics(wrapped, instance, args, kwargs):
-    if _Trainer.instance is not None and not events.is_validating() and _Trainer.record_metrics is None:
-        _Trainer.record_metrics = events.stage_begin(Stage.RECORD_METRICS, step=_global_step(), trainer=TRAINER)
-    return wrapped(*args, **kwargs)
-
-
-def _tracking_log(wrapped, instance, args, kwargs):
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if _Trainer.record_metrics is not None:  # the step's metrics are logged: step done
-            _end_record_metrics()
-            events.step_end()
-
-
-def _end_record_metrics() -> None:
-    handle, _Trainer.record_metrics = _Trainer.record_metrics, None
-    if handle is not None:
-        handle.end()
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -228,8 +118,7 @@ def _worker_indices(prompts: Any, n_workers: int) -> List[int]:
     if n_workers <= 1 or n == 0:
         return [0] * n
     if prompts.batch is not None:
-        size = -(-n // n_workers)
-        return [min(i // size, n_workers - 1) for i in range(n)]
+        return _trainer.chunk_worker_indices(n, n_workers)
     base, extra = divmod(n, n_workers)
     out: List[int] = []
     for k in range(n_workers):
@@ -248,7 +137,7 @@ async def _generate_sequences(wrapped, instance, args, kwargs):
             uids = id_list(prompts.non_tensor_batch["uid"])
             traj_uids = _traj_uids(prompts, uids)
             workers = _worker_indices(prompts, len(getattr(manager, "agent_loop_workers", [])) or 1)
-            step = int(meta.get("global_steps", _global_step()))
+            step = int(meta.get("global_steps", _trainer.current.global_step()))
             row_carriers = events.rollout_dispatched(uids, traj_uids, workers, step=step, trainer=TRAINER)
             if row_carriers is not None:
                 carriers.inject_column(prompts, row_carriers)
@@ -296,7 +185,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
     """Wrapper for a method or function that runs one batch stage on ``batch_arg``."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        if events.is_validating() or _Trainer.instance is None:
+        if events.is_validating() or not _trainer.current.active:
             return wrapped(*args, **kwargs)
         start_ns = time.time_ns()
         result = wrapped(*args, **kwargs)
@@ -305,7 +194,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
             batch = values.get(batch_arg)
             uids, traj_uids = _batch_ids(batch)
             if uids is not None and not batch.meta_info.get("validate", False):
-                events.sample_stage_done(stage, uids, traj_uids, step=_global_step(), start_ns=start_ns, trainer=TRAINER)
+                events.sample_stage_done(stage, uids, traj_uids, step=_trainer.current.global_step(), start_ns=start_ns, trainer=TRAINER)
                 if finishes:
                     events.samples_finished(uids, Outcome.TRAINED)
         except Exception as exc:
@@ -317,11 +206,10 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 HOOKS = [
     Hook(RAY_TRAINER, "RayPPOTrainer.fit", _fit, (), COMPONENT),
-    Hook(RAY_TRAINER, "marked_timer", _marked_timer, ("name",), COMPONENT),
+    Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._validate", _validate, (), COMPONENT),
-    Hook(RAY_TRAINER, "compute_data_metrics", _compute_data_metrics, ("batch",), COMPONENT),
-    Hook(TRACKING, "Tracking.log", _tracking_log, ("data", "step"), COMPONENT),
+    Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),
+    Hook(RAY_TRAINER, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopManager.generate_sequences", _generate_sequences, ("prompts",), COMPONENT,
          redecorate=lambda fn: __import__("verl.utils.ray_utils", fromlist=["auto_await"]).auto_await(fn)),
     Hook(RAY_TRAINER, "extract_reward", _batch_stage(Stage.REWARD, "batch"), ("batch",), COMPONENT),

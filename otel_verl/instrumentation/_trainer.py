@@ -1,0 +1,180 @@
+"""What the v0 and v1 trainer instrumentations share (both run in the TaskRunner actor).
+
+One trainer is traced per process: :data:`current` holds it, its ``verl.trainer`` name
+and layout, and the open "record metrics" stage (started where metrics are computed,
+ended by ``Tracking.log``, which is also where the step ends).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from otel_verl import bootstrap, events, health
+from otel_verl.instrumentation.hooks import Hook
+from otel_verl.semconv import Layout, Stage
+
+TRACKING = "verl.utils.tracking"
+COMPONENT = "trainer"
+
+
+class TracedTrainer:
+    """The trainer being traced in this process."""
+
+    def __init__(self) -> None:
+        self.instance: Any = None
+        self.name: str = ""
+        self.layout: str = Layout.COLOCATED.value
+        self.record_metrics: Optional[events.StageHandle] = None
+
+    def bind(self, instance: Any, name: str, layout: str = Layout.COLOCATED.value) -> None:
+        self.instance, self.name, self.layout = instance, name, layout
+
+    @property
+    def active(self) -> bool:
+        return self.instance is not None
+
+    def global_step(self) -> int:
+        return int(getattr(self.instance, "global_steps", -1) or -1)
+
+
+current = TracedTrainer()
+
+
+def fit_started(instance: Any) -> None:
+    """The run's shape (config paths shared by verl's v0 and v1 trainers)."""
+    config = instance.config
+    actor = config.actor_rollout_ref.actor
+    events.fit_started(
+        trainer=current.name,
+        layout=current.layout,
+        total_training_steps=int(instance.total_training_steps),
+        train_batch_size=int(config.data.train_batch_size),
+        rollout_n=int(config.actor_rollout_ref.rollout.n),
+        ppo_mini_batch_size=int(actor.ppo_mini_batch_size),
+        ppo_epochs=int(actor.get("ppo_epochs", 1)),
+    )
+
+
+def fit_finished(actors: List[Any]) -> None:
+    """End what the step loop left open and make every process write its spans out."""
+    end_record_metrics()
+    events.step_end()
+    bootstrap.flush()
+    flush_actors(actors)
+
+
+def flush_actors(handles: List[Any], timeout_s: float = 30.0) -> None:
+    """Ask each actor to flush its tracing outputs and wait (bounded).
+
+    At the end of a job Ray kills actors without running their exit handlers, so what
+    their batch processors still hold would be lost; fit's end is the last moment the
+    trainer can ask them to write it out.
+    """
+    if not handles:
+        return
+    try:
+        import ray
+
+        refs = [handle.__ray_call__.remote(bootstrap.flush_in_actor) for handle in handles]
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    except Exception as exc:
+        health.record_failure("trainer.flush_actors", exc)
+
+
+def actor_handles(*owners_and_attrs: "tuple[Any, str, str]") -> List[Any]:
+    """Actor handles found at ``owner.<manager>.<list attr>`` (absent ones are skipped)."""
+    handles: List[Any] = []
+    for owner, manager, attr in owners_and_attrs:
+        handles += list(getattr(getattr(owner, manager, None), attr, None) or [])
+    return handles
+
+
+def chunk_worker_indices(n_rows: int, n_workers: int) -> List[int]:
+    """Which worker each row goes to when verl splits a batch with ``chunk(n_workers)``
+    (torch semantics: contiguous chunks of ``ceil(n / k)`` rows)."""
+    if n_workers <= 1 or n_rows == 0:
+        return [0] * n_rows
+    size = -(-n_rows // n_workers)
+    return [min(i // size, n_workers - 1) for i in range(n_rows)]
+
+
+class StageTimer:
+    """A trainer's ``marked_timer(...)`` context manager with a step-stage span around it."""
+
+    __slots__ = ("_timer", "_stage", "_handle", "_scope")
+
+    def __init__(self, timer: Any, stage: Stage) -> None:
+        self._timer = timer
+        self._stage = stage
+        self._handle = None
+        self._scope = None
+
+    def __enter__(self) -> Any:
+        try:
+            self._handle = events.stage_begin(
+                self._stage, step=current.global_step(), trainer=current.name, layout=current.layout
+            )
+            self._scope = events.current_span_scope(self._handle.span)
+            self._scope.__enter__()
+        except Exception as exc:
+            health.record_failure("trainer.marked_timer", exc)
+        return self._timer.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        try:
+            return self._timer.__exit__(*exc_info)
+        finally:
+            try:
+                if self._scope is not None:
+                    self._scope.__exit__(None, None, None)
+                if self._handle is not None:
+                    self._handle.end(exc_info[1])
+            except Exception as exc:
+                health.record_failure("trainer.marked_timer", exc)
+
+
+def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
+    """Wrapper for a module's ``marked_timer`` global: known stage names become spans."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        timer = wrapped(*args, **kwargs)
+        name = args[0] if args else kwargs.get("name")
+        stage = stage_by_timer.get(name)
+        if stage is None or events.is_validating() or not current.active:
+            return timer
+        return StageTimer(timer, stage)
+
+    return wrapper
+
+
+def validate(wrapped, instance, args, kwargs):
+    with events.validating():
+        return wrapped(*args, **kwargs)
+
+
+def begin_record_metrics(wrapped, instance, args, kwargs):
+    if current.active and not events.is_validating() and current.record_metrics is None:
+        current.record_metrics = events.stage_begin(
+            Stage.RECORD_METRICS, step=current.global_step(), trainer=current.name, layout=current.layout
+        )
+    return wrapped(*args, **kwargs)
+
+
+def tracking_log(wrapped, instance, args, kwargs):
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if current.record_metrics is not None:  # the step's metrics are logged: step done
+            end_record_metrics()
+            events.step_end()
+
+
+def end_record_metrics() -> None:
+    handle, current.record_metrics = current.record_metrics, None
+    if handle is not None:
+        handle.end()
+
+
+HOOKS = [
+    Hook(TRACKING, "Tracking.log", tracking_log, ("data", "step"), COMPONENT),
+]
