@@ -60,6 +60,11 @@ class ActorRolloutRefWorkerGroupV1StandIn(ActorRolloutRefWorkerGroupStandIn):
 
     @tqbridge()
     def _update_actor_td(self, data: Any) -> Any:
+        # TransferQueue hands per-token fields over as jagged (nested) tensors; the simulated
+        # PPO step works on padded ones (zero padding, masked by response_mask)
+        for key in ("response_mask", "advantages", "old_log_probs", "ref_log_prob"):
+            if key in data.keys() and getattr(data[key], "is_nested", False):
+                data[key] = data[key].to_padded_tensor(0.0)
         return ActorRolloutRefWorkerGroupStandIn.update_actor(self, data)
 
     def update_actor(self, batch: Any) -> Any:
