@@ -25,6 +25,9 @@ with open(args_path) as f:
 if kind == "demo":
     from otel_verl.demo.traced import run_demo
     result = run_demo(**args)
+elif kind == "harness_v1":  # a bare v1 harness run (verl's v1 trainer, TransferQueue)
+    from otel_verl.demo.harness_v1 import run_v1
+    result = run_v1(**args)
 else:  # a bare harness run with a given runtime env
     from otel_verl.demo.harness import run_v0
     keep = args.pop("_report_logs_dir", False)
@@ -39,8 +42,8 @@ with open(out_path, "w") as f:
 
 
 def run_in_child(kind: str, args: Dict[str, Any], work_dir: str, env: Dict[str, str] | None = None, timeout: float = 850) -> Dict[str, Any]:
-    """``run_demo(**args)`` (kind ``demo``) or ``run_v0(**args)`` (kind ``harness``) in a
-    child interpreter; returns its JSON summary (``summary['trajectories_per_step']`` keys
+    """``run_demo(**args)`` (kind ``demo``), ``run_v0(**args)`` (kind ``harness``) or
+    ``run_v1(**args)`` (kind ``harness_v1``) in a child interpreter; returns its JSON summary (``summary['trajectories_per_step']`` keys
     become strings)."""
     os.makedirs(work_dir, exist_ok=True)
     args_path = os.path.join(work_dir, f"{kind}-args.json")

@@ -158,6 +158,22 @@ class ScriptedPolicyStandIn:
         return "answer", f"{source} {answer}.\n#### {answer}"
 
 
+def _aborted_output(rid: Any, output_ids: List[int], received_ts: float) -> Dict[str, Any]:
+    now = time.time()
+    meta_info = {
+        "id": rid,
+        "finish_reason": {"type": "abort"},
+        "prompt_tokens": 0,
+        "completion_tokens": len(output_ids),
+        "cached_tokens": 0,
+        "e2e_latency": now - received_ts,
+        "queue_time": 0.0,
+        "request_received_ts": received_ts,
+        "request_finished_ts": now,
+    }
+    return {"text": "", "output_ids": list(output_ids), "meta_info": meta_info}
+
+
 class TokenizerManagerStandIn:
     """Stand-in for sglang's ``TokenizerManager`` (the engine front-end the server awaits).
 
@@ -191,14 +207,29 @@ class TokenizerManagerStandIn:
             "tool_response_prompts": 0,
             "completion_tokens": 0,
             "flush_cache": 0,
+            "pauses": 0,
+            "aborted": 0,
+            "rejected": 0,
         }
         self._inflight = 0
+        self._abort_epoch = 0
+        self._resume: Optional[asyncio.Event] = None
+        # set by the server's abort_all_requests(reject_request=True): requests arriving while
+        # paused come back at once as aborted (the client retries on another replica)
+        self.reject_while_paused = False
 
     def _logprob(self, token_id: int, position: int) -> float:
         return -0.05 - 0.9 * (0.5 + 0.5 * math.sin(0.7 * token_id + 0.3 * position)) ** 2
 
     async def generate_request(self, obj: Any, request: Any = None):
         received_ts = time.time()
+        # sglang parks requests that arrive while generation is paused until continue_generation
+        while self.paused:
+            if self.reject_while_paused:
+                self.stats["rejected"] += 1
+                yield _aborted_output(_field(obj, "rid"), [], received_ts)
+                return
+            await self._resume_event().wait()
         if "weights" in self.released_tags:
             raise RuntimeError("generate_request while the engine's weights are released (sleeping)")
         rid = _field(obj, "rid")
@@ -222,9 +253,22 @@ class TokenizerManagerStandIn:
                 output_ids = output_ids[: int(max_new_tokens)]
                 finish_reason = {"type": "length", "length": int(max_new_tokens)}
             prefill_s = self.latency_s * 0.3
+            decode_s = self.latency_s * 0.7 + self.per_token_latency_s * len(output_ids)
+            abort_epoch = self._abort_epoch
             await asyncio.sleep(prefill_s)
             prefill_finished_ts = time.time()
-            await asyncio.sleep(self.latency_s * 0.7 + self.per_token_latency_s * len(output_ids))
+            if await self._sleep_unless_aborted(decode_s, abort_epoch):
+                # pause_generation(mode="abort") hit this request mid-decode: return the tokens
+                # "decoded" so far with finish reason abort, as sglang does for partial rollout
+                done = int(len(output_ids) * min(1.0, (time.time() - prefill_finished_ts) / max(decode_s, 1e-6)))
+                self.stats["aborted"] += 1
+                out = _aborted_output(rid, output_ids[:done], received_ts)
+                if return_logprob:
+                    out["meta_info"]["output_token_logprobs"] = [
+                        (self._logprob(t, i), t, None) for i, t in enumerate(output_ids[:done])
+                    ]
+                yield out
+                return
         finally:
             self._inflight -= 1
         finished_ts = time.time()
@@ -263,11 +307,33 @@ class TokenizerManagerStandIn:
     async def flush_cache(self) -> None:
         self.stats["flush_cache"] += 1
 
+    def _resume_event(self) -> asyncio.Event:
+        if self._resume is None:
+            self._resume = asyncio.Event()
+        return self._resume
+
+    async def _sleep_unless_aborted(self, seconds: float, epoch: int) -> bool:
+        """Sleep ``seconds``; True (early) if an abort happened since ``epoch``."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self._abort_epoch != epoch:
+                return True
+            await asyncio.sleep(min(0.01, max(0.0, deadline - time.time())))
+        return self._abort_epoch != epoch
+
     async def pause_generation(self, obj: Any = None) -> None:
+        """sglang semantics: mode "abort" aborts in-flight requests (they return partial output
+        with finish reason ``abort``); new requests wait until ``continue_generation``."""
         self.paused = True
+        self._resume_event().clear()
+        if (_field(obj, "mode", None) or "abort") == "abort":
+            self._abort_epoch += 1
+            self.stats["pauses"] += 1
 
     async def continue_generation(self, obj: Any = None) -> None:
         self.paused = False
+        self.reject_while_paused = False
+        self._resume_event().set()
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None
@@ -426,6 +492,7 @@ class LLMServerStandIn:
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
         await self.tokenizer_manager.pause_generation({"mode": "abort"})
+        self.tokenizer_manager.reject_while_paused = bool(reject_request)
 
     async def resume_generation(self) -> None:
         await self.tokenizer_manager.continue_generation({})

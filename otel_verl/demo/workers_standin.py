@@ -312,6 +312,15 @@ class RolloutReplicaStandIn(RolloutReplica):
         self.server_cls = server_cls or LLMServerStandIn
         self.server_kwargs = dict(server_kwargs or {})
 
+    async def init_standalone(self) -> None:
+        """Standalone replica (v1 ``separate_async``): verl would create a GPU resource pool and a
+        rollout worker group; here the "workers" are :class:`RankStandIn` handles."""
+        from verl.workers.rollout.replica import RolloutMode
+
+        self.rollout_mode = RolloutMode.STANDALONE
+        self.workers = [RankStandIn(rank) for rank in range(self.world_size)]
+        await self.launch_servers()
+
     async def launch_servers(self) -> None:
         name = f"llm_server_standin_{self.replica_rank}_{uuid.uuid4().hex[:8]}"
         server = (
