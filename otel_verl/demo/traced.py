@@ -23,7 +23,7 @@ def run_demo(
     n: int = 4,
     agent: str = "tool",
     trainer: str = "v0",
-    server: str = "sglang",
+    server: Optional[str] = None,
     validate: bool = True,
     extra_env: Optional[Dict[str, str]] = None,
     worker_env: Optional[Dict[str, str]] = None,
@@ -38,7 +38,8 @@ def run_demo(
     workers when it is a tracing variable); ``worker_env`` only into the Ray workers'
     runtime env (e.g. ``PYTHONPATH`` for a custom agent loop's module). ``overrides`` and
     any other keyword (``adv_estimator``, ``agent_name``, ``agent_loop_config_path``,
-    ``mode``, ...) go to the harness.
+    ``mode``, ...) go to the harness. ``server``: ``sglang`` (verl's SGLangHttpServer over
+    a stand-in engine) or ``standin``; by default sglang wherever verl supports it.
     """
     trace_dir = os.path.abspath(trace_dir)
     os.makedirs(trace_dir, exist_ok=True)
@@ -56,6 +57,12 @@ def run_demo(
         from otel_verl.demo.harness_v1 import run_v1 as run_harness
     else:
         raise ValueError(f"trainer must be 'v0' or 'v1', got {trainer!r}")
+
+    if server is None:
+        # verl's real SGLangHttpServer over a stand-in engine (server spans, engine timing),
+        # except where verl 0.9.1 cannot use it: colocate_async aborts requests with
+        # abort_all_requests(reject_request=...), which SGLangHttpServer does not accept.
+        server = "standin" if harness_kwargs.get("mode") == "colocate_async" else "sglang"
 
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
     runtime_env = activation.runtime_env()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
-from otel_verl.instrumentation._args import bound
+from otel_verl.instrumentation._args import bound, self_and_args
 from otel_verl.instrumentation.hooks import Hook, install_on
 from otel_verl.semconv import Role
 
@@ -60,8 +60,10 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
 async def _run_agent_loop(wrapped, instance, args, kwargs):
     try:
         bootstrap.ensure(Role.AGENT_LOOP_WORKER)
-        _, values = bound(wrapped, instance, args, kwargs)
-        traj_args = _trajectory_args(instance, values.get("trajectory"), kwargs)
+        # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
+        # holds the wrapper: bound() finds self either way.
+        worker, values = bound(wrapped, instance, args, kwargs)
+        traj_args = _trajectory_args(worker, values.get("trajectory"), kwargs)
     except Exception as exc:
         health.record_failure("agent_loop._run_agent_loop", exc)
         carriers.pop_kwargs(kwargs)
@@ -85,7 +87,7 @@ def _postprocess(wrapped, instance, args, kwargs):
 
 
 async def _agent_run(wrapped, instance, args, kwargs):
-    with events.agent_run(type(instance).__name__):
+    with events.agent_run(type(self_and_args(instance, args)[0]).__name__):
         return await wrapped(*args, **kwargs)
 
 
@@ -127,10 +129,10 @@ def wrap_registered_agent_loops() -> List[str]:
 
 async def _compute_score(wrapped, instance, args, kwargs):
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
+        worker, values = bound(wrapped, instance, args, kwargs)
         outputs = values.get("outputs") or []
         final = outputs[-1] if outputs else None
-        scored_here = final is not None and final.reward_score is None and getattr(instance, "reward_loop_worker_handles", None) is not None
+        scored_here = final is not None and final.reward_score is None and getattr(worker, "reward_loop_worker_handles", None) is not None
     except Exception as exc:
         health.record_failure("agent_loop._compute_score", exc)
         return await wrapped(*args, **kwargs)

@@ -185,7 +185,9 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
     """Wrapper for a method or function that runs one batch stage on ``batch_arg``."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        if events.is_validating() or not _trainer.current.active:
+        # v1's trainer calls some of these module functions too (compute_advantage): its
+        # own wrappers report those stages from the TransferQueue keys.
+        if events.is_validating() or _trainer.current.name != TRAINER:
             return wrapped(*args, **kwargs)
         start_ns = time.time_ns()
         result = wrapped(*args, **kwargs)
