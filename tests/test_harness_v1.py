@@ -63,7 +63,7 @@ def _assert_common(summary, mode):
 def test_v1_sync(tmp_path):
     summary = _run(tmp_path, "sync")
     _assert_common(summary, "sync")
-    assert summary["trainer_classes"][1] == "PPOTrainerSync"
+    assert "PPOTrainerSync" in summary["trainer_classes"]
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     assert summary["weight_versions"] == [0, 1, 2]  # on_init_end + on_step_end of each step
     for step in ("1", "2"):
@@ -80,7 +80,7 @@ def test_v1_sync(tmp_path):
 def test_v1_colocate_async(tmp_path):
     summary = _run(tmp_path, "colocate_async")
     _assert_common(summary, "colocate_async")
-    assert summary["trainer_classes"][1] == "PPOTrainerColocateAsync"
+    assert "PPOTrainerColocateAsync" in summary["trainer_classes"]
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     # on_train_begin submits a warm-up batch: step 1 trains step-1 prompts, step 2 trains the
     # remaining step-1 prompts (generated while step 1 trained) - a real off-policy step
@@ -94,7 +94,7 @@ def test_v1_colocate_async(tmp_path):
 def test_v1_separate_async(tmp_path):
     summary = _run(tmp_path, "separate_async")
     _assert_common(summary, "separate_async")
-    assert summary["trainer_classes"][1] == "PPOTrainerSeparateAsync"
+    assert "PPOTrainerSeparateAsync" in summary["trainer_classes"]
     psync = summary["config"]["parameter_sync_step"]
     # parameter_sync_step local updates per step (Decoupled PPO: pi_old saved/restored on CPU)
     calls = summary["worker_group_calls"]
