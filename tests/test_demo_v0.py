@@ -3,7 +3,6 @@ real Ray cluster; stand-ins only for GPU parts): the trace trees in its OTLP-JSO
 and the legacy files it wrote."""
 
 import collections
-import csv
 import glob
 import json
 import os
@@ -14,10 +13,11 @@ import pytest
 from otel_verl.exporters.otlp_json_file import spans_from_files
 from otel_verl.ids import trace_id_for_uid
 
+from demo_checks import by_id, children, csv_rows, matches, progress_lines
+
 pytestmark = pytest.mark.timeout(900)
 
 STEPS, PROMPTS, N = 2, 4, 4
-CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +31,8 @@ def demo(tmp_path_factory):
     return trace_dir, summary, spans
 
 
-def _by_id(spans):
-    return {s["spanId"]: s for s in spans}
 
 
-def _children(spans, parent, name_prefix=""):
-    return [s for s in spans if s["parentSpanId"] == parent["spanId"] and s["name"].startswith(name_prefix)]
 
 
 def test_demo_ran_what_it_says(demo):
@@ -54,7 +50,7 @@ def test_demo_ran_what_it_says(demo):
 
 def test_every_uid_is_one_trace_with_worker_subtrees_parented_by_propagated_context(demo):
     _, _, spans = demo
-    by_id = _by_id(spans)
+    spans_by_id = by_id(spans)
     uids = sorted({s["attributes"]["verl.uid"] for s in spans if s["name"] == "verl.sample"})
     assert len(uids) == STEPS * PROMPTS
     for uid in uids:
@@ -64,17 +60,17 @@ def test_every_uid_is_one_trace_with_worker_subtrees_parented_by_propagated_cont
         [root] = [s for s in trace if s["name"] == "verl.sample"]
         assert root["parentSpanId"] is None and root["resource"]["verl.role"] == "trainer"
         assert root["attributes"]["verl.sample.outcome"] == "trained"
-        [rollout] = _children(trace, root, "verl.rollout")
-        trajectories = _children(trace, rollout, "invoke_agent")
+        [rollout] = children(trace, root, "verl.rollout")
+        trajectories = children(trace, rollout, "invoke_agent")
         assert sorted(t["attributes"]["verl.traj_uid"] for t in trajectories) == [str(i) for i in range(N)]
         for traj in trajectories:
             # produced in the AgentLoopWorker process, child of the trainer's span by carrier
             assert traj["resource"]["verl.role"] == "agent_loop_worker"
             assert traj["resource"]["process.pid"] != root["resource"]["process.pid"]
             assert traj["attributes"]["gen_ai.operation.name"] == "invoke_agent"
-            [run] = _children(trace, traj, "verl.agent_run")
+            [run] = children(trace, traj, "verl.agent_run")
             assert run["attributes"]["verl.agent_loop.class"] == "ToolAgentLoop"
-            chats = _children(trace, run, "chat ")
+            chats = children(trace, run, "chat ")
             assert len(chats) == 2  # tool call turn + answer turn
             for chat in chats:
                 attrs = chat["attributes"]
@@ -84,19 +80,19 @@ def test_every_uid_is_one_trace_with_worker_subtrees_parented_by_propagated_cont
                 assert attrs["gen_ai.usage.input_tokens"] > 0 and attrs["gen_ai.usage.output_tokens"] > 0
                 assert attrs["gen_ai.response.finish_reasons"] == ["stop"]
                 assert "verl.llm.server.e2e_latency" in attrs  # engine timing handed back by the server
-                [server] = _children(trace, chat, "verl.llm_server.generate")
+                [server] = children(trace, chat, "verl.llm_server.generate")
                 assert server["resource"]["verl.role"] == "llm_server"
                 assert server["kind"] == 2  # SERVER
-            [tool] = _children(trace, run, "execute_tool")
+            [tool] = children(trace, run, "execute_tool")
             assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
-            [reward] = _children(trace, traj, "verl.reward")
+            [reward] = children(trace, traj, "verl.reward")
             assert "verl.reward.score" in reward["attributes"]
-        stages = {s["attributes"]["verl.stage"]: s for s in _children(trace, root, "verl.sample_stage")}
+        stages = {s["attributes"]["verl.stage"]: s for s in children(trace, root, "verl.sample_stage")}
         assert set(stages) == {"reward", "old_log_prob", "ref_log_prob", "adv", "update_actor"}
         for stage, span in stages.items():
             assert sorted(span["attributes"]["verl.traj_uids"]) == [str(i) for i in range(N)]
             [link] = span["links"]
-            linked = by_id[link["spanId"]]  # many per-uid spans -> one batch stage span
+            linked = spans_by_id[link["spanId"]]  # many per-uid spans -> one batch stage span
             assert linked["name"] == f"verl.stage {stage}"
             assert linked["attributes"]["verl.global_step"] == root["attributes"]["verl.global_step"]
 
@@ -106,23 +102,13 @@ def test_each_step_is_a_trace_with_its_stages(demo):
     steps = [s for s in spans if s["name"] == "verl.step"]
     assert sorted(s["attributes"]["verl.global_step"] for s in steps) == [1, 2]
     for step in steps:
-        stages = [s["attributes"]["verl.stage"] for s in _children(spans, step, "verl.stage")]
+        stages = [s["attributes"]["verl.stage"] for s in children(spans, step, "verl.stage")]
         for expected in ("generation", "reward", "old_log_prob", "ref_log_prob", "adv", "update_actor", "sync_params", "record_metrics"):
             assert expected in stages
-        generation = next(s for s in _children(spans, step, "verl.stage generation"))
+        generation = next(s for s in children(spans, step, "verl.stage generation"))
         assert generation["attributes"]["verl.generation.response_tokens"] > 0
 
 
-def _csv_rows(trace_dir):
-    rows = []
-    for path in sorted(glob.glob(os.path.join(trace_dir, "sample", "*.csv"))):
-        with open(path, newline="") as f:
-            for index, row in enumerate(csv.reader(f)):
-                rec = dict(zip(CSV_HEADERS, row))
-                rec["fields"] = dict(part.split("=", 1) for part in rec["content"].split("|"))
-                rec["order"] = (int(rec["timestamp"]), path, index)
-                rows.append(rec)
-    return rows
 
 
 V0_TOOL_SEQUENCE = [
@@ -144,13 +130,11 @@ V0_TOOL_SEQUENCE = [
 ]
 
 
-def _matches(pattern, value):
-    return re.fullmatch(re.escape(pattern).replace(r"\*", ".*"), value) is not None
 
 
 def test_sample_flow_csv_has_the_v0_sequence_per_trajectory(demo):
     trace_dir, _, spans = demo
-    rows = _csv_rows(trace_dir)
+    rows = csv_rows(trace_dir)
     by_sample = collections.defaultdict(list)
     for row in rows:
         by_sample[row["sample_id"]].append(row)
@@ -164,7 +148,7 @@ def test_sample_flow_csv_has_the_v0_sequence_per_trajectory(demo):
             got = [(r["fields"]["stage"], r["fields"]["from"], r["fields"]["to"], r["fields"].get("detail", "")) for r in flow]
             assert len(got) == len(V0_TOOL_SEQUENCE), got
             for have, want in zip(got, V0_TOOL_SEQUENCE):
-                assert all(_matches(w, h) for w, h in zip(want, have)), (have, want)
+                assert all(matches(w, h) for w, h in zip(want, have)), (have, want)
             stamps = [int(r["timestamp"]) for r in flow]
             assert stamps == sorted(stamps) and stamps[0] >= int(created["timestamp"])
             assert [r["sample_status"] for r in flow] == ["RUNNING"] * (len(flow) - 1) + ["COMPLETE"]
@@ -175,17 +159,11 @@ def test_sample_flow_csv_has_the_v0_sequence_per_trajectory(demo):
     assert [r["fields"]["detail"] for r in syncs] == [f"weights_synced_global_step={s}" for s in range(1, STEPS + 1)]
 
 
-def _progress_lines(trace_dir):
-    lines = []
-    for path in sorted(glob.glob(os.path.join(trace_dir, "progress", "*.log"))):
-        with open(path, encoding="utf-8") as f:
-            lines.extend(line.rstrip("\n") for line in f)
-    return lines
 
 
 def test_progress_log_has_the_colocated_step_structure(demo):
     trace_dir, _, _ = demo
-    lines = _progress_lines(trace_dir)
+    lines = progress_lines(trace_dir)
     trainer = [line for line in lines if not line.startswith("Task ")]
     assert trainer[:6] == ["Total training steps: 2", "'train_batch_size': 4,", "'rollout_n': 4,",
                            "'ppo_mini_batch_size': 4,", "'num_minibatches': 4,", "'total_training_steps': 2"]
@@ -218,6 +196,6 @@ def test_trajectory_jsonl_one_line_per_training_trajectory_with_its_turns(demo):
         assert turns[1]["template_overhead_tokens"] > 0 and turns[1]["template_overhead_text"]
         assert all(t["sglang_time_ms"] is not None for t in turns)
         assert rest["agent_metrics"]["reward_score"] in (0.0, 1.0)
-    tasks = [line for line in _progress_lines(trace_dir) if line.startswith("Task ")]
+    tasks = [line for line in progress_lines(trace_dir) if line.startswith("Task ")]
     assert len(tasks) == len(lines)
     assert all(re.fullmatch(r"Task [0-9a-f-]{36}/\d is completed, score=(0\.0|1\.0) status=Finished", t) for t in tasks)

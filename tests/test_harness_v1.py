@@ -2,7 +2,8 @@
 for each trainer mode, stand-ins only for GPUs. Each mode runs in a child interpreter with its own
 Ray cluster and TransferQueue. No tracing is involved.
 
-What is checked comes from real verl behaviour: the steps ran, each step trained prompts * n
+What is checked comes from real verl behaviour (``CHECKS``, per mode; the traced demo runs of
+test_demo_v1.py must pass them too, here the sync mode runs untraced): the steps ran, each step trained prompts * n
 trajectories read from TransferQueue (keys ``{uid}_{session_id}_0``, n sessions per prompt uid),
 verl's rule-based gsm8k reward scored them, the weights were synced once per step, and in the
 async modes step 2 trains trajectories of prompts submitted in step 1 (warm-up batch) while step
@@ -30,7 +31,8 @@ def _run(tmp_path, mode, **kw):
     return run_in_child("harness_v1", args, str(tmp_path / f"child-{mode}"))
 
 
-def _assert_common(summary, mode):
+def check_common(summary, mode):
+    """What every v1 harness run must show (also asserted on the traced demo runs)."""
     assert summary["mode"] == mode
     assert summary["steps_run"] == STEPS and summary["global_steps"] == [1, 2]
     # every step trained prompts * n trajectories (no padding), read from TransferQueue by verl's tqbridge
@@ -59,10 +61,8 @@ def _assert_common(summary, mode):
     assert calls["compute_log_prob"] == calls["compute_ref_log_prob"] == calls["update_actor"]
 
 
-@pytest.mark.timeout(900)
-def test_v1_sync(tmp_path):
-    summary = _run(tmp_path, "sync")
-    _assert_common(summary, "sync")
+def check_sync(summary):
+    check_common(summary, "sync")
     assert "PPOTrainerSync" in summary["trainer_classes"]
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     assert summary["weight_versions"] == [0, 1, 2]  # on_init_end + on_step_end of each step
@@ -72,13 +72,10 @@ def test_v1_sync(tmp_path):
         assert trained["from_earlier_steps"] == 0
         assert set(trained["prompt_global_steps"]) == {int(step)}
     assert summary["server"]["aborted"] == 0
-    assert summary["server"]["requests"] == STEPS * PROMPTS * N
 
 
-@pytest.mark.timeout(900)
-def test_v1_colocate_async(tmp_path):
-    summary = _run(tmp_path, "colocate_async")
-    _assert_common(summary, "colocate_async")
+def check_colocate_async(summary):
+    check_common(summary, "colocate_async")
     assert "PPOTrainerColocateAsync" in summary["trainer_classes"]
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     # on_train_begin submits a warm-up batch: step 1 trains step-1 prompts, step 2 trains the
@@ -89,10 +86,8 @@ def test_v1_colocate_async(tmp_path):
     assert summary["server"]["pauses"] >= STEPS
 
 
-@pytest.mark.timeout(900)
-def test_v1_separate_async(tmp_path):
-    summary = _run(tmp_path, "separate_async")
-    _assert_common(summary, "separate_async")
+def check_separate_async(summary):
+    check_common(summary, "separate_async")
     assert "PPOTrainerSeparateAsync" in summary["trainer_classes"]
     psync = summary["config"]["parameter_sync_step"]
     # parameter_sync_step local updates per step (Decoupled PPO: pi_old saved/restored on CPU)
@@ -107,3 +102,16 @@ def test_v1_separate_async(tmp_path):
     assert kinds["standalone"]["requests"] > 0
     assert kinds["standalone"]["global_steps"] == STEPS  # stand-in NCCL sync set the version
     assert "timing_s/switch_to_trainer" in summary["metrics_per_step"]["1"]
+
+
+CHECKS = {"sync": check_sync, "colocate_async": check_colocate_async, "separate_async": check_separate_async}
+
+
+@pytest.mark.timeout(900)
+def test_v1_sync_untraced(tmp_path):
+    """The harness alone, no tracing anywhere (the traced runs of every mode, with these
+    same checks, are in test_demo_v1.py)."""
+    summary = _run(tmp_path, "sync")
+    check_sync(summary)
+    # single-turn agent: one server request per trajectory
+    assert summary["server"]["requests"] == STEPS * PROMPTS * N

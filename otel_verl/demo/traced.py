@@ -60,9 +60,9 @@ def run_demo(
 
     if server is None:
         # verl's real SGLangHttpServer over a stand-in engine (server spans, engine timing),
-        # except where verl 0.9.1 cannot use it: colocate_async aborts requests with
+        # except where verl 0.9.1 cannot use it: the v1 async modes pause generation with
         # abort_all_requests(reject_request=...), which SGLangHttpServer does not accept.
-        server = "standin" if harness_kwargs.get("mode") == "colocate_async" else "sglang"
+        server = "standin" if harness_kwargs.get("mode") in ("colocate_async", "separate_async") else "sglang"
 
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
     runtime_env = activation.runtime_env()

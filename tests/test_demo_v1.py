@@ -1,0 +1,289 @@
+"""The traced CPU demo on verl's v1 trainer (TaskRunnerV1 path: real PPOTrainer modes,
+TransferQueue, ReplayBuffer, AgentLoopManagerTQ/WorkerTQ; stand-ins only for GPU parts),
+one run per trainer mode: the trace trees in its OTLP-JSON output and the legacy files."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import pytest
+
+pytest.importorskip("transfer_queue")
+
+from demo_checks import by_id, children, csv_rows, jsonl_lines, matches, progress_lines  # noqa: E402
+from otel_verl.exporters.otlp_json_file import spans_from_files  # noqa: E402
+from otel_verl.ids import trace_id_for_uid  # noqa: E402
+from test_harness_v1 import CHECKS, N, PROMPTS, STEPS  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.filterwarnings("ignore")]
+
+MODES = ("sync", "colocate_async", "separate_async")
+ASYNC_MODES = ("colocate_async", "separate_async")
+
+
+@pytest.fixture(scope="module", params=MODES)
+def demo(request, tmp_path_factory):
+    from demo_process import run_in_child
+
+    mode = request.param
+    trace_dir = tmp_path_factory.mktemp(f"demo-v1-{mode}")
+    args = {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": N, "agent": "tool",
+            "trainer": "v1", "mode": mode}
+    summary = run_in_child("demo", args, str(tmp_path_factory.mktemp(f"demo-v1-{mode}-run")))
+    spans = spans_from_files(summary["outputs"]["otlp_json"])
+    return mode, str(trace_dir), summary, spans
+
+
+def _roots(spans):
+    return [s for s in spans if s["name"] == "verl.sample"]
+
+
+def test_the_real_v1_trainer_ran_each_step(demo):
+    mode, _, summary, spans = demo
+    CHECKS[mode](summary)
+    assert {s["attributes"]["verl.trainer"] for s in spans if s["name"] == "verl.fit"} == {"PPOTrainerV1"}
+
+
+def test_every_uid_is_one_trace_prompt_task_and_sessions_from_the_worker(demo):
+    mode, _, summary, spans = demo
+    spans_by_id = by_id(spans)
+    trained = [r for r in _roots(spans) if r["attributes"]["verl.sample.outcome"] == "trained"]
+    assert len(trained) == STEPS * PROMPTS
+    for root in trained:
+        uid = root["attributes"]["verl.uid"]
+        trace = [s for s in spans if s["traceId"] == root["traceId"]]
+        assert root["traceId"] == "%032x" % trace_id_for_uid(uid)
+        assert {s["attributes"].get("verl.uid", uid) for s in trace} == {uid}  # nothing else in this trace
+        assert root["parentSpanId"] is None and root["resource"]["verl.role"] == "trainer"
+        [rollout] = children(trace, root, "verl.rollout")
+        # the prompt's task runs in an AgentLoopWorkerTQ process, parented by the carrier
+        [task] = children(trace, rollout, "verl.prompt_task")
+        assert task["resource"]["verl.role"] == "agent_loop_worker"
+        assert task["resource"]["process.pid"] != root["resource"]["process.pid"]
+        sessions = children(trace, task, "invoke_agent")
+        assert sorted(s["attributes"]["verl.traj_uid"] for s in sessions) == [str(i) for i in range(N)]
+        for session in sessions:
+            assert session["resource"]["process.pid"] == task["resource"]["process.pid"]
+            [run] = children(trace, session, "verl.agent_run")
+            chats = children(trace, run, "chat ")
+            assert len(chats) >= 2  # tool call turn + answer turn (a resumed request adds one)
+            assert all(c["attributes"]["gen_ai.operation.name"] == "chat" and c["attributes"]["gen_ai.usage.output_tokens"] > 0
+                       for c in chats)
+            [tool] = children(trace, run, "execute_tool")
+            assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
+            [reward] = children(trace, session, "verl.reward")
+            assert reward["attributes"]["verl.reward.score"] in (0.0, 1.0)
+        stages = collections.defaultdict(list)
+        for span in children(trace, root, "verl.sample_stage"):
+            stages[span["attributes"]["verl.stage"]].append(span)
+        assert {"sample", "old_log_prob", "ref_log_prob", "adv", "update_actor"} <= set(stages)
+        for stage, spans_of_stage in stages.items():
+            assert sorted(t for s in spans_of_stage for t in s["attributes"]["verl.traj_uids"]) == [str(i) for i in range(N)]
+            for span in spans_of_stage:
+                linked = spans_by_id[span["links"][0]["spanId"]]
+                assert linked["name"] == f"verl.stage {'generation' if stage == 'sample' else stage}"
+
+
+def test_async_modes_train_in_a_later_step_in_the_same_trace(demo):
+    mode, _, summary, spans = demo
+    later = 0
+    for root in _roots(spans):
+        trace = [s for s in spans if s["traceId"] == root["traceId"]]
+        rollout_steps = {s["attributes"]["verl.global_step"] for s in trace if s["name"] in ("verl.rollout", "verl.prompt_task")
+                         or s["name"].startswith("invoke_agent")}
+        stage_steps = {s["attributes"]["verl.global_step"] for s in trace if s["name"].startswith("verl.sample_stage")}
+        if not stage_steps:
+            continue
+        assert len(rollout_steps) == 1 and len(stage_steps) == 1
+        [produced], [trained] = rollout_steps, stage_steps
+        assert trained in (produced, produced + 1)
+        later += trained == produced + 1
+    if mode in ASYNC_MODES:  # step 2 trains the warm-up prompts of step 1
+        assert later == PROMPTS
+    else:
+        assert later == 0
+
+
+def test_unconsumed_samples_end_saying_so(demo):
+    mode, _, _, spans = demo
+    outcomes = collections.Counter(r["attributes"]["verl.sample.outcome"] for r in _roots(spans))
+    # async modes prefetch one batch more than they train: left waiting when fit ended
+    assert outcomes == ({"trained": STEPS * PROMPTS, "never_consumed": PROMPTS} if mode in ASYNC_MODES
+                        else {"trained": STEPS * PROMPTS})
+    assert not [s for s in spans if s["name"] == "verl.prompt_task" and s["attributes"].get("verl.sample.outcome")]
+
+
+def test_each_step_is_a_trace_with_its_stages(demo):
+    mode, _, _, spans = demo
+    steps = sorted((s for s in spans if s["name"] == "verl.step"), key=lambda s: s["attributes"]["verl.global_step"])
+    assert [s["attributes"]["verl.global_step"] for s in steps] == list(range(1, STEPS + 1))
+    layout = "disaggregated" if mode == "separate_async" else "colocated"
+    for step in steps:
+        assert step["attributes"]["verl.layout"] == layout
+        stages = [s["attributes"]["verl.stage"] for s in children(spans, step, "verl.stage")]
+        for expected in ("generation", "old_log_prob", "ref_log_prob", "adv", "update_actor", "sync_params", "record_metrics"):
+            assert expected in stages
+        assert ("fetch_batch" in stages) == (mode == "separate_async")
+        if mode != "separate_async":
+            [generation] = children(spans, step, "verl.stage generation")
+            assert generation["attributes"]["verl.generation.response_tokens"] > 0
+
+
+V1_SESSION_SEQUENCE = [
+    ("AGENT_LOOP", "AgentLoopWorkerTQ", "AgentLoopWorkerTQ", f"session_started_session_id=*_rollout_n={N}"),
+    ("LLM_GENERATE", "ToolAgentLoop", "RolloutReplica", "sending_generate_request"),
+    ("LLM_GENERATE", "RolloutReplica", "ToolAgentLoop", "received_generate_response"),
+    ("AGENT_TOOL", "Tool", "ToolAgentLoop", "tool_executed_name=calculator"),
+    ("LLM_GENERATE", "ToolAgentLoop", "RolloutReplica", "sending_generate_request"),
+    ("LLM_GENERATE", "RolloutReplica", "ToolAgentLoop", "received_generate_response"),
+    ("AGENT_LOOP", "AgentLoop(tool_agent)", "AgentLoopWorker", "agent_run_completed"),
+    ("ROLLOUT_REWARD", "RewardLoopWorker", "AgentLoopWorker", "reward_score_computed_score=*"),
+    ("TRAIN_SAMPLE", "ReplayBuffer", "PPOTrainerV1", "sampled_from_replay_buffer"),
+    ("TRAIN_LOGPROB", "ActorRolloutWorker", "PPOTrainerV1", "old_log_prob_computed"),
+    ("TRAIN_REF_LOGPROB", "RefPolicyWorker", "PPOTrainerV1", "ref_log_prob_computed"),
+    ("TRAIN_ADVANTAGE", "PPOTrainerV1", "PPOTrainerV1", "advantage_computed"),
+    ("TRAIN_UPDATE", "ActorRolloutWorker", "PPOTrainerV1", "actor_parameters_updated"),
+]
+V1_PROMPT_SEQUENCE = [
+    ("DATA_PREPROCESS", "DataLoader", "PPOTrainerV1", "uid_generated"),
+    ("DATA_DISPATCH", "PPOTrainerV1", "AgentLoopManagerTQ", "dispatched_to_agent_loop_manager"),
+    ("DATA_DISPATCH", "AgentLoopManagerTQ", "AgentLoopWorkerTQ_*", "dispatched_to_agent_loop_worker"),
+    ("AGENT_LOOP", "AgentLoopWorkerTQ", "AgentLoop(tool_agent)", "agent_task_started"),
+]
+
+
+def _flow(rows):
+    return [(r["fields"]["stage"], r["fields"]["from"], r["fields"]["to"], r["fields"].get("detail", "")) for r in rows]
+
+
+def _assert_sequence(got, want):
+    """``got`` is ``want`` with LLM turn pairs possibly repeated (a request aborted at a
+    pause and resumed is a second generate call of the same turn)."""
+    squeezed = []
+    for row in got:
+        if squeezed[-2:] and row[0] == "LLM_GENERATE" and squeezed[-2:][0] == row and squeezed[-1][0] == "LLM_GENERATE":
+            squeezed.pop()  # ... received, [sending, received] again
+            continue
+        squeezed.append(row)
+    assert len(squeezed) == len(want), got
+    for have, expected in zip(squeezed, want):
+        assert all(matches(w, h) for w, h in zip(expected, have)), (have, expected)
+
+
+def test_sample_flow_csv_has_the_v1_sequence_per_trajectory(demo):
+    mode, trace_dir, _, spans = demo
+    by_sample = collections.defaultdict(list)
+    for row in csv_rows(trace_dir):
+        by_sample[row["sample_id"]].append(row)
+    for root in _roots(spans):
+        uid, step = root["attributes"]["verl.uid"], root["attributes"]["verl.global_step"]
+        prompt_rows = sorted(by_sample[f"{uid}/sample"], key=lambda r: r["order"])
+        _assert_sequence(_flow(prompt_rows), V1_PROMPT_SEQUENCE)
+        assert all(r["fields"]["global_step"] == str(step) for r in prompt_rows)
+        if root["attributes"]["verl.sample.outcome"] != "trained":
+            continue
+        for traj in range(N):
+            rows = sorted(by_sample[f"{uid}/{traj}"], key=lambda r: r["order"])
+            _assert_sequence(_flow(rows), V1_SESSION_SEQUENCE)
+            stamps = [int(r["timestamp"]) for r in rows]
+            assert stamps == sorted(stamps) and stamps[0] >= int(prompt_rows[-1]["timestamp"])
+            assert [r["sample_status"] for r in rows] == ["RUNNING"] * (len(rows) - 1) + ["COMPLETE"]
+    syncs = [r for r in csv_rows(trace_dir) if r["sample_id"] == "*/sample"]
+    assert [r["fields"]["detail"] for r in syncs] == [f"weights_synced_global_step={s}" for s in range(1, STEPS + 1)]
+
+
+def test_progress_log_has_the_mode_structure(demo):
+    mode, trace_dir, _, _ = demo
+    trainer = [line for line in progress_lines(trace_dir) if not line.startswith("Task ")]
+    assert trainer[:2] == [f"Total training steps: {STEPS}", f"'train_batch_size': {PROMPTS},"]
+    disagg = mode == "separate_async"
+    prefix = "disagg: " if disagg else ""
+    for step in range(1, STEPS + 1):
+        banner = (f"==================== Step {step} ====================" if disagg else
+                  f"==================== Epoch 0, consumed {step - 1} batches, Step {step} ====================")
+        start = trainer.index(banner)
+        end = trainer.index(f"{prefix}end record metrics", start)
+        block = trainer[start + 1:end + 1]
+        if disagg:
+            fetch = [f"Step {step} rollout started",
+                     f"disagg: Trainer: try to load global batch@{step}, chunk[0/0] from replay_queue",
+                     f"disagg: Trainer: successfully load global batch@{step}, chunk[0/0] from replay_queue",
+                     f"Step {step} rollout finished"]
+            assert block[:4] == fetch
+            assert not [line for line in block if line.startswith("gen throughput")]
+        else:
+            assert block[:4] == [f"Step {step} rollout started", "start generation", "end generation", f"Step {step} rollout finished"]
+            assert re.fullmatch(r"gen throughput \(token/s\): \d+\.\d\d", block[4])
+        for label in ("compute log prob", "compute ref log prob", "compute adv", "update actor", "sync params"):
+            assert f"{prefix}start {label}" in block and f"{prefix}end {label}" in block
+        assert block.index(f"Step {step} train started") < block.index(f"{prefix}start update actor")
+        assert block.index(f"{prefix}end update actor") < block.index(f"Step {step} train finished")
+        assert all(line.startswith(("Step ", "gen throughput", prefix)) for line in block)
+
+
+def test_trajectory_jsonl_one_line_per_training_trajectory(demo):
+    _, trace_dir, _, spans = demo
+    lines = jsonl_lines(trace_dir)
+    trajectories = [s for s in spans if s["name"].startswith("invoke_agent")]
+    assert len(lines) == len(trajectories) >= STEPS * PROMPTS * N
+    chats = collections.Counter((s["attributes"]["verl.uid"], s["attributes"]["verl.traj_uid"]) for s in spans
+                                if s["name"].startswith("chat "))
+    for line in lines:
+        rest = __import__("json").loads(line["raw_message"])
+        assert rest["n_samples"] == N
+        assert len(rest["turns"]) == chats[(line["prompt_uid"], str(line["sample_index"]))]
+        assert rest["turns"][0]["completion_text"] and rest["initial_prompt_text"]
+    tasks = [line for line in progress_lines(trace_dir) if line.startswith("Task ")]
+    assert len(tasks) == len(lines)
+
+
+# --------------------------------------------------------------------------- the CLI on v1 output
+
+
+def _dur(span) -> float:
+    return (span["endTimeUnixNano"] - span["startTimeUnixNano"]) / 1e9
+
+
+def test_report_on_v1_output_matches_its_spans(demo, tmp_path):
+    from PIL import Image
+
+    from test_cli import cli, report_json
+
+    mode, trace_dir, _, spans = demo
+    text = cli("report", trace_dir)
+    assert text.exit_code == 0 and "Traceback" not in text.output
+    png = tmp_path / "timeline.png"
+    report = report_json(trace_dir, extra=("--png", str(png)))
+    assert report["inputs"]["spans"] == len(spans) and report["inputs"]["truncated"] == 0
+    steps = {s["attributes"]["verl.global_step"]: s for s in spans if s["name"] == "verl.step"}
+    assert [row["step"] for row in report["steps"]] == sorted(steps) == list(range(1, STEPS + 1))
+    for row in report["steps"]:
+        expected = collections.defaultdict(float)
+        for s in spans:
+            if s["name"].startswith("verl.stage ") and s["attributes"]["verl.global_step"] == row["step"]:
+                expected[s["attributes"]["verl.stage"]] += _dur(s)
+        assert row["stages"].keys() == expected.keys()
+        for stage, seconds in expected.items():
+            assert row["stages"][stage] == pytest.approx(seconds)
+    trajectories = [s for s in spans if s["name"].startswith("invoke_agent")]
+    assert report["trajectories"] == len(trajectories)
+    assert sum(row["count"] for row in report["rollout_latency"]) == len(trajectories)
+    outcomes = collections.Counter(r["attributes"]["verl.sample.outcome"] for r in _roots(spans))
+    assert report["samples"]["outcomes"] == dict(outcomes) and report["samples"]["unfinished_count"] == 0
+    assert {c["verdict"] for c in report["losses"]["consistency"]} == {"consistent"}
+    assert [row["step"] for row in report["png"]["rows"]] == list(range(1, STEPS + 1))
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size == (report["png"]["width_px"], report["png"]["height_px"])
+
+
+def test_replay_sends_every_v1_span(demo):
+    from test_cli import Collector, _span_ids_json, cli
+
+    mode, trace_dir, _, spans = demo
+    if mode != "colocate_async":
+        pytest.skip("one mode is enough: the files have the same shape in every mode")
+    with Collector() as collector:
+        result = cli("replay", trace_dir, "--endpoint", collector.url)
+    assert result.exit_code == 0, result.output
+    assert _span_ids_json(b for _, _, b in collector.requests) == sorted(s["spanId"] for s in spans)
