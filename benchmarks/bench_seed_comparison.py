@@ -90,10 +90,10 @@ VARIANTS = ("off", "seed", "legacy", "legacy+otlp")
 
 SCALES = {
     # prompts, n, turns: scenario A / B; steps: warm-up + measured; sustained / memory steps
-    "full": dict(a=(1024, 16), b=(256, 8), warmup=1, steps=2, sustained=20, sustained_size=(1024, 16),
-                 mem_steps=100, mem_size=(64, 8), disabled_calls=200_000),
+    "full": dict(a=(1024, 16), b=(256, 8), warmup=0, steps=1, sustained=20, sustained_size=(64, 16),
+                 mem_steps=100, mem_size=(16, 8), disabled_calls=100_000, tokenizer="model"),
     "ci": dict(a=(32, 4), b=(8, 4), warmup=1, steps=1, sustained=3, sustained_size=(16, 4),
-               mem_steps=5, mem_size=(8, 2), disabled_calls=2_000),
+               mem_steps=5, mem_size=(8, 2), disabled_calls=2_000, tokenizer="stub"),
 }
 TOOL_TURNS = 4
 N_WORKERS = 8
@@ -381,7 +381,9 @@ class StubTokenizer:
         return [ord(c) for c in text]
 
 
-def load_tokenizer() -> Any:
+def load_tokenizer(kind: str = "model") -> Any:
+    if kind == "stub":
+        return StubTokenizer(), "stub tokenizer (--scale ci: no transformers import)"
     try:
         from transformers import AutoTokenizer
 
@@ -888,7 +890,7 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
     work = args.work
     trace_dir = os.path.join(work, "trace")
     os.makedirs(trace_dir, exist_ok=True)
-    tokenizer, tok_kind = load_tokenizer()
+    tokenizer, tok_kind = load_tokenizer(args.tokenizer)
     _TOKENIZER = tokenizer
     for key in [k for k in os.environ if k.startswith("OTEL_") or k == "VERL_TRACE_DIR"]:
         del os.environ[key]
@@ -1045,6 +1047,9 @@ def measure_disabled(trainer: RayPPOTrainer, worker: AgentLoopWorker, calls: int
 # =========================================================================== parent
 
 
+TOKENIZER_KIND = "model"
+
+
 def run_child(variant: str, scenario: str, size: tuple, steps: int, warmup: int, receiver: Dict[str, Any], work: str,
               disabled_calls: int = 0, timeout: float = 3600) -> Dict[str, Any]:
     d = tempfile.mkdtemp(prefix=f"seedcmp-{variant.replace('+', '_')}-{scenario}-", dir=work)
@@ -1052,7 +1057,7 @@ def run_child(variant: str, scenario: str, size: tuple, steps: int, warmup: int,
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--scenario", scenario,
            "--size", str(size[0]), str(size[1]), "--steps", str(steps), "--warmup", str(warmup), "--work", d,
            "--endpoint", receiver.get("endpoint", ""), "--protocol", receiver.get("protocol", ""),
-           "--disabled-calls", str(disabled_calls), "--result", result_path]
+           "--disabled-calls", str(disabled_calls), "--result", result_path, "--tokenizer", TOKENIZER_KIND]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     t0 = time.time()
@@ -1208,6 +1213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--protocol", default="", help=argparse.SUPPRESS)
     parser.add_argument("--disabled-calls", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", default="model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         result = child(args)
@@ -1216,6 +1222,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     cfg = SCALES[args.scale]
+    global TOKENIZER_KIND
+    TOKENIZER_KIND = cfg["tokenizer"]
     command = "python benchmarks/bench_seed_comparison.py" + ("" if args.scale == "full" else f" --scale {args.scale}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     work = tempfile.mkdtemp(prefix="bench_seed_comparison_")
