@@ -12,6 +12,11 @@ def _signature(func: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(func)
 
 
+@functools.lru_cache(maxsize=1024)
+def _param_names(func: Callable[..., Any]) -> Tuple[str, ...]:
+    return tuple(inspect.signature(func).parameters)
+
+
 def bound(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Dict[str, Any]]:
     """``(self, {name: value})`` of a call seen by a wrapt wrapper.
 
@@ -19,12 +24,20 @@ def bound(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwa
     an unbound method (re-decorated ``@auto_await`` targets: ``self`` is ``args[0]``).
     """
     target = getattr(wrapped, "__wrapped__", wrapped)
-    sig = _signature(target)
-    params = list(sig.parameters)
-    if instance is None and params and params[0] == "self":
-        instance, args = args[0], args[1:]
-    if params and params[0] == "self":
-        params = params[1:]
+    # Cache on the plain function: a bound method is a new object per instance (an agent
+    # loop is created per trajectory), so keying on it missed the cache every call and
+    # ran inspect.signature (~100 us) per wrapped call.
+    func = getattr(target, "__func__", None)
+    if func is not None:  # a bound method: its first parameter is bound already
+        params = _param_names(func)[1:]
+        if instance is None:
+            instance = getattr(target, "__self__", None)
+    else:
+        params = _param_names(target)
+        if instance is None and params and params[0] == "self":
+            instance, args = args[0], args[1:]
+        if params and params[0] == "self":
+            params = params[1:]
     values = dict(zip(params, args))
     values.update(kwargs)
     return instance, values

@@ -1,0 +1,83 @@
+"""The seed-comparison benchmark runs in a reduced size and its output is consistent.
+
+Only breakage is caught here (no timing assertions: CI machines are noisy): every variant
+ran, the legacy outputs hold exactly the rows the events call for, nothing was dropped,
+and the report has every target row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_seed_comparison.py")
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "result.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    doc = os.path.join(ROOT, "docs", "PERFORMANCE.md")
+    before = open(doc, encoding="utf-8").read() if os.path.exists(doc) else None
+    proc = subprocess.run([sys.executable, SCRIPT, "--scale", "ci", "--json", str(out)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    after = open(doc, encoding="utf-8").read() if os.path.exists(doc) else None
+    assert before == after, "--scale ci must leave docs/PERFORMANCE.md alone"
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_every_variant_and_scenario_present(ci_run):
+    result, stdout = ci_run
+    assert set(result["scenarios"]) == {"A", "B"}
+    for scenario in result["scenarios"].values():
+        assert set(scenario["variants"]) == {"seed", "legacy", "legacy+otlp"}
+        for row in scenario["variants"].values():
+            for key in ("total_s", "trainer_s", "worker_s", "server_s", "per_traj_us"):
+                assert math.isfinite(row[key])
+    for label in ("Per step, by variant", "Targets", "Installed-but-disabled", "legacy+otlp", "seed"):
+        assert label in stdout
+
+
+def test_otel_verl_wrote_every_expected_row_and_dropped_nothing(ci_run):
+    result, _ = ci_run
+    for scenario in result["scenarios"].values():
+        expected = scenario["expected"]
+        for variant in ("legacy", "legacy+otlp"):
+            row = scenario["variants"][variant]
+            assert row["health"]["dropped"] == {}, (variant, row["health"])
+            assert row["health"]["failures"] == {}, (variant, row["health"])
+            for key in ("csv_rows", "jsonl_lines", "task_lines"):
+                assert row["outputs"][key] == expected[key], (variant, key, row["outputs"], expected)
+            assert row["outputs"]["flow_stdout_lines"] == 0  # [FLOW_TRACE] stdout is opt-in
+
+
+def test_seed_baseline_accounts_for_every_row(ci_run):
+    result, _ = ci_run
+    for scenario in result["scenarios"].values():
+        seed = scenario["variants"]["seed"]
+        expected = scenario["expected"]
+        assert seed["seed_rows_offered"] == expected["csv_rows"]
+        # the seed printed every row, and wrote the ones its queue accepted
+        assert seed["outputs"]["flow_stdout_lines"] == expected["csv_rows"]
+        assert seed["outputs"]["csv_rows"] == expected["csv_rows"] - seed["seed_dropped"]
+        assert seed["outputs"]["jsonl_lines"] == expected["jsonl_lines"]
+        assert seed["outputs"]["task_lines"] == expected["task_lines"]
+
+
+def test_sustained_memory_and_disabled_sections(ci_run):
+    result, _ = ci_run
+    sustained = result["sustained"]
+    assert sustained["steps"] >= 3
+    assert sustained["health"]["dropped"] == {}
+    assert sustained["outputs"]["csv_rows"] == sustained["expected"]["csv_rows"]
+    assert result["memory"]["steps"] >= 3 and math.isfinite(result["memory"]["growth_mb"])
+    assert result["disabled"] and all(math.isfinite(v) for v in result["disabled"].values())
