@@ -291,6 +291,14 @@ def _count_lines(paths: Sequence[str], predicate=lambda line: True) -> int:
     return total
 
 
+def _starts_trajectory(content: str) -> bool:
+    """A CSV row that starts one trajectory: v0 ``agent_task_started``; v1 ``session_started``
+    (v1's ``agent_task_started`` row starts a prompt's task, traj ``N/A``)."""
+    if "|detail=session_started_" in content:
+        return True
+    return "|detail=agent_task_started" in content and not content.startswith("from=AgentLoopWorkerTQ|")
+
+
 def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any]], inputs: Inputs,
                    lines: Lines) -> Dict[str, Any]:
     """What could have been lost, and whether the outputs agree with each other."""
@@ -303,12 +311,11 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
         n_spans = len(trajectories)
         task_lines = _count_lines(inputs.progress_logs, lambda line: bool(_TASK_LINE.match(line)))
         jsonl_lines = _count_lines(inputs.trajectory_jsonl)
-        started = sum(1 for row in _read_csv_rows(inputs.sample_csv)
-                      if len(row) >= 6 and "detail=agent_task_started" in row[5] and not row[2].endswith("/N/A"))
+        started = sum(1 for row in _read_csv_rows(inputs.sample_csv) if len(row) >= 6 and _starts_trajectory(row[5]))
         for label, legacy in (
             ("progress log 'Task ... is completed' lines", task_lines),
             ("trajectory JSONL lines", jsonl_lines),
-            ("sample-flow CSV agent_task_started rows", started),
+            ("sample-flow CSV trajectory start rows", started),
         ):
             if legacy == n_spans:
                 verdict = "consistent"
