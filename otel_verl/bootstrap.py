@@ -79,7 +79,16 @@ def ensure(role: "Role | str | None" = None) -> bool:
     """Called by wrappers on first use: configures with the role the caller knows."""
     if _provider is not None:
         return True
+    if known_off():
+        return False
     return configure(role=role)
+
+
+def known_off() -> bool:
+    """This process's settings were read and say tracing is off (wrappers then step aside
+    without reading their arguments; :func:`configure` reads the settings again)."""
+    cfg = _settings
+    return _provider is None and cfg is not None and not cfg.enabled
 
 
 def is_configured() -> bool:

@@ -71,7 +71,7 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
             return wrapped(*args, **kwargs)
 
         hooks.install_all([
-            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",)),
+            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",), gate=hooks.ALWAYS),
             hooks.Hook("fake_verl_mod", "Target.renamed", wrapper, ()),
             hooks.Hook("fake_verl_mod", "Target.coro", wrapper, ("batch",)),
             hooks.Hook("fake_verl_mod", "Missing.method", wrapper, ()),
@@ -87,3 +87,49 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
         hooks.uninstall_all()
         del sys.modules["fake_verl_mod"]
     assert not hasattr(_Target.method, "__wrapped__")
+
+
+class _Gated:
+    def reports(self, batch):
+        return batch
+
+    def starts(self, batch):
+        return batch
+
+
+def test_wrappers_step_aside_while_tracing_is_off(make_pipeline, monkeypatch):
+    """Installed but off: a reporting wrapper is not called at all without an events
+    runtime; a wrapper that may switch tracing on is, until the settings said off."""
+    import sys
+    import types
+
+    from otel_verl import bootstrap, settings
+
+    module = types.ModuleType("fake_gated_mod")
+    module.Target = _Gated
+    sys.modules["fake_gated_mod"] = module
+    calls = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        calls.append(wrapped.__name__)
+        return wrapped(*args, **kwargs)
+
+    try:
+        hooks.install_all([
+            hooks.Hook("fake_gated_mod", "Target.reports", wrapper, ("batch",)),
+            hooks.Hook("fake_gated_mod", "Target.starts", wrapper, ("batch",), gate=hooks.STARTS),
+        ])
+        target = _Gated()
+        monkeypatch.setattr(bootstrap, "_settings", None)
+        assert target.reports(1) == 1 and target.starts(2) == 2
+        assert calls == ["starts"]  # settings not read yet: it may be the one to switch tracing on
+        monkeypatch.setattr(bootstrap, "_settings", settings.load({"OTEL_VERL_ENABLED": "0"}))
+        assert bootstrap.known_off() and not bootstrap.ensure()
+        assert target.reports(1) == 1 and target.starts(2) == 2
+        assert calls == ["starts"]
+        make_pipeline()  # an events runtime: tracing on
+        assert target.reports(1) == 1 and target.starts(2) == 2
+        assert calls == ["starts", "reports", "starts"]
+    finally:
+        hooks.uninstall_all()
+        del sys.modules["fake_gated_mod"]

@@ -17,7 +17,7 @@ from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
 from otel_verl.instrumentation._args import bound, self_and_args
-from otel_verl.instrumentation.hooks import Hook, install_on
+from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
 from otel_verl.semconv import Role
 
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
@@ -58,6 +58,9 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
+    if not events.enabled() and bootstrap.known_off():  # off here: only keep our carrier out of verl
+        carriers.pop_kwargs(kwargs)
+        return await wrapped(*args, **kwargs)
     try:
         bootstrap.ensure(Role.AGENT_LOOP_WORKER)
         # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
@@ -200,9 +203,9 @@ def _observation_texts(messages: List[Any]) -> List[str]:
 
 
 HOOKS = [
-    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT, gate=ALWAYS),
+    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT, gate=ALWAYS),
+    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT, gate=ALWAYS),
     Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),

@@ -10,6 +10,7 @@ only for the verl modules it uses. :func:`status` lists what was installed or sk
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -20,7 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_verl import health
+from otel_verl import bootstrap, health
+from otel_verl.events import _core as _events_core
 from otel_verl.instrumentation._wrapper import owner_of, wrap
 
 logger = logging.getLogger("otel_verl")
@@ -40,6 +42,7 @@ class Hook:
     # For decorated targets whose decorator must stay outermost (verl's @auto_await looks
     # at its caller's frame): wrap ``target.__wrapped__`` and re-apply the decorator.
     redecorate: Optional[Callable[[Callable[..., Any]], Callable[..., Any]]] = None
+    gate: str = "reports"  # when the wrapper may step aside: see REPORTS, STARTS, ALWAYS
 
     @property
     def name(self) -> str:
@@ -53,6 +56,33 @@ class _Patch:
     owner: Any
     attr: str
     original: Any = None  # set when the attribute was replaced rather than wrapt-wrapped
+
+
+# What a wrapper does decides when it can step aside (installed but tracing off costs a
+# wrapt call and one check, not an argument binding):
+REPORTS = "reports"  # only reports events: skipped while this process has no events runtime
+STARTS = "starts"  # may switch tracing on in its process: skipped once the settings said off
+ALWAYS = "always"  # moves carriers out of verl's data or installs more hooks: always runs
+
+
+def _gated(wrapper: Callable[..., Any], gate: str) -> Callable[..., Any]:
+    if gate == ALWAYS:
+        return wrapper
+    if gate == STARTS:
+
+        def starts(wrapped, instance, args, kwargs):
+            if _events_core._runtime is None and bootstrap.known_off():
+                return wrapped(*args, **kwargs)
+            return wrapper(wrapped, instance, args, kwargs)
+
+        return functools.wraps(wrapper)(starts)
+
+    def reports(wrapped, instance, args, kwargs):
+        if _events_core._runtime is None:
+            return wrapped(*args, **kwargs)
+        return wrapper(wrapped, instance, args, kwargs)
+
+    return functools.wraps(wrapper)(reports)
 
 
 _lock = threading.Lock()
@@ -79,8 +109,9 @@ def _install(hook: Hook, module: Any) -> None:
             _skip(hook, problem)
             return
         owner, attr = owner_of(module, hook.target)
+        wrapper = _gated(hook.wrapper, hook.gate)
         if hook.redecorate is None:
-            wrap(module, hook.target, hook.wrapper, (hook.module, hook.target))
+            wrap(module, hook.target, wrapper, (hook.module, hook.target))
             patch = _Patch(owner, attr)
         else:
             original = inspect.getattr_static(owner, attr)
@@ -88,7 +119,7 @@ def _install(hook: Hook, module: Any) -> None:
             if inner is None:
                 _skip(hook, f"{hook.target} is no longer decorated as expected (no __wrapped__)")
                 return
-            setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, hook.wrapper)))
+            setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, wrapper)))
             patch = _Patch(owner, attr, original)
         _installed(hook.name, patch)
     except Exception as exc:  # never let a hook break verl's import
@@ -106,7 +137,7 @@ def install_on(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
         _skip(hook, f"{target} is inherited, not defined here")
         return
     try:
-        wrap(owner, attr, wrapper, (hook.module, target))
+        wrap(owner, attr, _gated(wrapper, REPORTS), (hook.module, target))
     except Exception as exc:
         _skip(hook, f"{type(exc).__name__}: {exc}")
         return

@@ -23,7 +23,7 @@ from otel_verl import bootstrap, carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound, self_and_args
-from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.hooks import STARTS, Hook
 from otel_verl.semconv import Outcome, Role, Stage
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
@@ -207,7 +207,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _fit, (), COMPONENT),
+    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _fit, (), COMPONENT, gate=STARTS),
     Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),

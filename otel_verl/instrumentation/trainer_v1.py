@@ -28,7 +28,7 @@ from otel_verl import bootstrap, carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound
-from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.hooks import STARTS, Hook
 from otel_verl.semconv import Layout, Outcome, Role, Stage
 
 V1 = "verl.trainer.ppo.v1"
@@ -300,7 +300,7 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(TRAINER_BASE, "PPOTrainer.fit", _fit, ("agent_loop_manager",), COMPONENT),
+    Hook(TRAINER_BASE, "PPOTrainer.fit", _fit, ("agent_loop_manager",), COMPONENT, gate=STARTS),
     Hook(TRAINER_BASE, "marked_timer", _marked_timer, ("name",), COMPONENT),
     *[Hook(module, "marked_timer", _stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
     Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch, (), COMPONENT),
