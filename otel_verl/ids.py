@@ -53,6 +53,11 @@ def id_list(values: Any) -> List[str]:
             pass
     if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
         return [id_str(values)]
+    values = list(values)
+    # The common case (a uid column of short str) without a call per element: batch
+    # stages pass 16k ids at a time.
+    if all(type(v) is str and len(v) <= _MAX_ID_CHARS for v in values):
+        return values
     return [id_str(v) for v in values]
 
 

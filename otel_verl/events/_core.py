@@ -9,15 +9,16 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
-from otel_verl.record import start_span
+from otel_verl.record import attach, start_span
 from otel_verl.semconv import Kind, Outcome
 
 # --------------------------------------------------------------------------- runtime
@@ -35,6 +36,49 @@ class _Runtime:
 
 
 _runtime: Optional[_Runtime] = None
+
+
+def emit_finished(
+    rt: _Runtime,
+    name: str,
+    kind_v: Kind,
+    data: Any,
+    parent: SpanContext,
+    attributes: Dict[str, Any],
+    links: Sequence[Link],
+    start_ns: int,
+    end_ns: int,
+) -> bool:
+    """Hand a span that is already over (start and end known: a batch stage reported per
+    uid) straight to the provider's span processors, without the SDK's live-span
+    machinery (context, locks, sampler, attribute validation): thousands of them per
+    training step. Same ids, parent, sampling flag (the parent's, as ParentBased decides),
+    resource and scope as a span from the tracer. ``attributes`` must already be valid
+    OTel values within the limits (the events API bounds what it records). Returns False
+    where the tracer is not the SDK's: the caller then starts and ends a span as usual."""
+    tracer = rt.tracer
+    processor = getattr(tracer, "span_processor", None)
+    if processor is None or not parent.is_valid:
+        return False
+    context = SpanContext(parent.trace_id, rt.ids.generate_span_id(), False, parent.trace_flags, parent.trace_state)
+    span = ReadableSpan(
+        name,
+        context=context,
+        parent=parent,
+        resource=tracer.resource,
+        attributes=attributes,
+        links=links,
+        instrumentation_scope=getattr(tracer, "_instrumentation_scope", None),
+        start_time=start_ns,
+        end_time=end_ns,
+    )
+    attach(span, kind_v, data)
+    processor.on_start(span, parent_context=None)
+    on_ending = getattr(processor, "_on_ending", None)  # SDK >= 1.39: before on_end, as Span.end() does
+    if on_ending is not None:
+        on_ending(span)
+    processor.on_end(span)
+    return True
 
 
 def _install(runtime: Optional[_Runtime]) -> None:

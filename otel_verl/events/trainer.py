@@ -399,21 +399,20 @@ def sample_stage_done(
         grouped.setdefault(uid, []).append(traj)
     stage_span = current_stage().span or trace.get_current_span()
     stage_span_ctx = stage_span.get_span_context()
-    links = [Link(stage_span_ctx)] if stage_span_ctx.is_valid else None
+    links = [Link(stage_span_ctx)] if stage_span_ctx.is_valid else []
     end_ns = _core._now_ns()
     name = sc.sample_stage_span_name(stage_value)
+    step = int(step)
+    trainer = _text(trainer)
     for uid, trajs in grouped.items():
-        span = start_span(
-            rt.tracer,
-            name,
-            Kind.SAMPLE_STAGE,
-            trajs,
-            context=_sample_parent(rt, uid),
-            links=links,
-            start_time=start_ns,
-            attributes=_with_validate(
-                {sc.UID: uid, sc.TRAJ_UIDS: trajs, sc.STAGE: stage_value, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer},
-                validate,
-            ),
+        attrs = _with_validate(
+            {sc.UID: uid, sc.TRAJ_UIDS: tuple(trajs), sc.STAGE: stage_value, sc.GLOBAL_STEP: step, sc.TRAINER: trainer},
+            validate,
         )
+        parent = _sample_parent(rt, uid)
+        parent_sc = trace.get_current_span(parent).get_span_context()
+        if _core.emit_finished(rt, name, Kind.SAMPLE_STAGE, trajs, parent_sc, attrs, links, start_ns, end_ns):
+            continue
+        span = start_span(rt.tracer, name, Kind.SAMPLE_STAGE, trajs, context=parent, links=links,
+                          start_time=start_ns, attributes=attrs)
         span.end(end_time=end_ns)
