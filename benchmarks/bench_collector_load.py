@@ -59,8 +59,9 @@ BATCH_STAGES = ("reward", "old_log_prob", "ref_log_prob", "adv", "update_actor")
 
 def expected_spans(prompts: int, n: int) -> int:
     """Spans one step emits: per uid sample + rollout + 5 sample stages; per trajectory
-    trajectory, agent run, LLM call, LLM server, reward; the step and its 9 stage spans."""
-    return prompts * (2 + len(BATCH_STAGES)) + prompts * n * 5 + 1 + 9
+    trajectory, LLM call, LLM server, reward (the agent run is no span); the step and its
+    9 stage spans."""
+    return prompts * (2 + len(BATCH_STAGES)) + prompts * n * 4 + 1 + 9
 
 
 # --------------------------------------------------------------------------- child: one step

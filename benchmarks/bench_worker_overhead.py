@@ -385,7 +385,10 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     if level >= 3:
         provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes))
     if level >= 4:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        try:  # the exporter bootstrap builds (otel_verl's direct protobuf encoding)
+            from otel_verl.exporters.otlp_proto import http_span_exporter as OTLPSpanExporter
+        except ImportError:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=endpoint + "/v1/traces")
         make_batch = getattr(bootstrap, "_batch_processor", BatchSpanProcessor)  # bootstrap's queue size

@@ -53,6 +53,13 @@ class TrajectoryData:
     turns: List[TurnData] = field(default_factory=list)
     agent_metrics: Dict[str, Any] = field(default_factory=dict)
     reward_score: Optional[float] = None
+    # The agent loop's run() (no span of its own: attributes on the trajectory span):
+    # its class, and when it returned (ns; 0: it did not return, or never ran).
+    agent_loop_class: Optional[str] = None
+    run_completed_ns: int = 0
+    # (end ns, score) of a reward span that ended scored: the CSV writes its row with the
+    # trajectory's end, after agent_run_completed (the order of the seed's rows).
+    reward_row: Optional[Tuple[int, float]] = None
     # tokenizer.decode / tokenizer.encode of the worker; the JSONL exporter decodes texts
     # off the event loop, so only references are kept here.
     decode: Optional[Callable[..., str]] = None

@@ -40,8 +40,9 @@ def expected(n_uids: int, n_traj: int, *, fit: bool = True) -> Dict[str, int]:
         # [fit 6] banner, generation 2+2, Task per traj, reward 2, update_actor 2+2, sync 2
         "progress_lines": (6 if fit else 0) + 1 + 4 + un + 2 + 4 + 2,
         "jsonl_lines": un,
-        # [fit] step, 4 stages, sample+rollout+2 sample stages per uid, 5 per traj
-        "spans": (1 if fit else 0) + 1 + 4 + 4 * n_uids + 5 * un,
+        # [fit] step, 4 stages, sample+rollout+2 sample stages per uid, 4 per traj
+        # (invoke_agent, chat, execute_tool, reward: the agent run is no span)
+        "spans": (1 if fit else 0) + 1 + 4 + 4 * n_uids + 4 * un,
     }
 
 

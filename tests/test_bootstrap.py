@@ -125,7 +125,7 @@ def test_unsampled_samples_skip_otlp_but_reach_legacy_outputs(tmp_path):
     spans = spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))
     exported_uids = {s["attributes"]["verl.uid"] for s in spans}
     assert exported_uids == expected
-    assert all(len([s for s in spans if s["attributes"]["verl.uid"] == u]) == 4 for u in expected)  # sample, traj, run, chat
+    assert all(len([s for s in spans if s["attributes"]["verl.uid"] == u]) == 3 for u in expected)  # sample, traj, chat
     rows = _csv_rows(tmp_path)
     assert {r["sample_id"].split("/")[0] for r in rows} == set(uids)  # legacy CSV: every sample
     assert len(rows) == len(uids) * 5

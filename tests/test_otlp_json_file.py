@@ -164,7 +164,7 @@ def test_events_spans_round_trip_through_the_file(tmp_path, make_pipeline):
 
     in_memory = {s.context.span_id: s for s in pipeline.spans()}
     flat = spans_from_files(tmp_path)
-    assert len(flat) == len(in_memory) == 6
+    assert len(flat) == len(in_memory) == 5
     for span in flat:
         mem = in_memory[int(span["spanId"], 16)]
         assert span["traceId"] == f"{mem.context.trace_id:032x}"
@@ -268,7 +268,7 @@ def test_failed_batches_are_counted_as_dropped_by_the_bootstrap_wrapper(tmp_path
     make_pipeline([processor])
     _sample_trajectory()
     processor.force_flush()
-    assert health.snapshot()["dropped"].get("otlp_json_file") == 5
+    assert health.snapshot()["dropped"].get("otlp_json_file") == 4
 
 
 def test_a_write_that_fails_half_way_leaves_only_whole_lines(tmp_path, monkeypatch):

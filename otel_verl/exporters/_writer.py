@@ -79,11 +79,15 @@ class BackgroundWriter:
                 refused = False
                 self._jobs.append((render, n_lines))
                 self._pending_lines += n_lines
-                self._idle.clear()
-                self._ensure_thread()
                 # Wake the thread for the first line of a batch only (it lingers for the
-                # rest), or when the queue fills up.
-                if len(self._jobs) == 1 or self._pending_lines * 2 > self.max_pending_lines:
+                # rest), or when the queue fills up. Only the first line of a batch checks
+                # that the thread runs (and clears idle): the thread only ever ends on
+                # close(), and a forked child starts with no thread.
+                if len(self._jobs) == 1:
+                    self._idle.clear()
+                    self._ensure_thread()
+                    self._cond.notify()
+                elif self._pending_lines * 2 > self.max_pending_lines:
                     self._cond.notify()
         if refused:
             self._count_dropped(n_lines, "writer closed" if self._closed else "writer queue full (disk too slow?)")

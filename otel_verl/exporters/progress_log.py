@@ -147,6 +147,7 @@ class ProgressLogProcessor(SpanProcessor):
         self._discovery_written = False
         # open step span id -> its verl.trainer: a stage span need not repeat it
         self._step_trainers: Dict[int, str] = {}
+        self._hour_cache: Optional[tuple] = None  # (from, until, path) of the current log file
 
     # ------------------------------------------------------------------ span processor
 
@@ -211,9 +212,20 @@ class ProgressLogProcessor(SpanProcessor):
         except Exception as exc:  # a closed stdout must not cost the file lines
             health.record_failure("progress_log.stdout", exc)
         if self.writer is not None:
-            hour = time.strftime("%Y%m%d-%H", time.localtime(self._clock()))
-            path = os.path.join(self.directory, f"{hour}.log")
-            self.writer.submit(functools.partial(self._render, path, text), len(lines))
+            self.writer.submit(functools.partial(self._render, self._hour_path(), text), len(lines))
+
+    def _hour_path(self) -> str:
+        """``{dir}/{YYYYMMDD-HH}.log`` of now; formatted once a minute at most."""
+        now = self._clock()
+        cached = self._hour_cache
+        if cached is not None and cached[0] <= now < cached[1]:
+            return cached[2]
+        hour = time.strftime("%Y%m%d-%H", time.localtime(now))
+        path = os.path.join(self.directory, f"{hour}.log")
+        # valid until the next whole minute (DST / time-zone offsets change on minutes)
+        start = now - (now % 60)
+        self._hour_cache = (start, start + 60, path)
+        return path
 
     def _render(self, path: str, text: str) -> List[tuple]:
         if not self._discovery_written:  # at the first file write, as the seed did

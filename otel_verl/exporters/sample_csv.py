@@ -262,22 +262,27 @@ def _tool_end(span: Any, record: SpanRecord) -> List[_Rows]:
     return [_Rows(uid, (traj,), "Tool", "ToolAgentLoop", "AGENT_TOOL", None, detail, span.end_time)]
 
 
-def _agent_run_end(span: Any, record: SpanRecord) -> List[_Rows]:
-    a, data = _attrs(span), record.data
-    uid, traj = _traj_ids(a, data)
-    # The seed's v1 worker shares this code path with v0: the target stays AgentLoopWorker.
-    return [_Rows(uid, (traj,), f"AgentLoop({_agent_name(a, data)})", "AgentLoopWorker", "AGENT_LOOP",
-                  a.get(sc.GLOBAL_STEP), "agent_run_completed", span.end_time)]
-
-
-def _reward_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _trajectory_end(span: Any, record: SpanRecord) -> List[_Rows]:
+    """The agent run's and the reward's rows, written when the trajectory ends (in this
+    order, as the seed did): neither is a span of its own that ends earlier, and the
+    trajectory's data holds when each happened. Written even when the trajectory
+    failed afterwards (the run and the reward had completed)."""
+    data = record.data
+    rows: List[_Rows] = []
+    run_ns = getattr(data, "run_completed_ns", 0)
+    reward = getattr(data, "reward_row", None)
+    if not run_ns and reward is None:
+        return rows
     a = _attrs(span)
-    score = a.get(sc.REWARD_SCORE)
-    if score is None:  # not scored in the agent loop: no row
-        return []
-    uid, traj = _traj_ids(a, record.data)
-    detail = f"reward_score_computed_score={score}"
-    return [_Rows(uid, (traj,), "RewardLoopWorker", "AgentLoopWorker", "ROLLOUT_REWARD", None, detail, span.end_time)]
+    uid, traj = _traj_ids(a, data)
+    if run_ns:
+        # The seed's v1 worker shares this code path with v0: the target stays AgentLoopWorker.
+        rows.append(_Rows(uid, (traj,), f"AgentLoop({_agent_name(a, data)})", "AgentLoopWorker", "AGENT_LOOP",
+                          a.get(sc.GLOBAL_STEP), "agent_run_completed", run_ns))
+    if reward is not None:
+        rows.append(_Rows(uid, (traj,), "RewardLoopWorker", "AgentLoopWorker", "ROLLOUT_REWARD", None,
+                          f"reward_score_computed_score={reward[1]}", reward[0]))
+    return rows
 
 
 _TRAINER = object()  # placeholder: the span's verl.trainer
@@ -332,11 +337,11 @@ _ON_START: Dict[Kind, RowBuilder] = {
     Kind.TRAJECTORY: _trajectory_start,
     Kind.LLM_CALL: _llm_start,
 }
+# The agent run (no span) and the REWARD span: their rows come with the TRAJECTORY's end
+# (_trajectory_end, called from on_end).
 _ON_END: Dict[Kind, RowBuilder] = {
     Kind.LLM_CALL: _llm_end,
     Kind.TOOL: _tool_end,
-    Kind.AGENT_RUN: _agent_run_end,
-    Kind.REWARD: _reward_end,
     Kind.SAMPLE_STAGE: _sample_stage_end,
     Kind.STEP_STAGE: _step_stage_end,
 }
@@ -425,7 +430,12 @@ class SampleCsvProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             record = record_of(span)
-            if record is None or self._validation.left(span) or span_failed(span):
+            if record is None or self._validation.left(span):
+                return
+            if record.kind is Kind.TRAJECTORY:
+                self._submit(_trajectory_end(span, record))
+                return
+            if span_failed(span):
                 return
             build = _ON_END.get(record.kind)
             if build is not None:

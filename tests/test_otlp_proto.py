@@ -1,0 +1,86 @@
+"""The direct OTLP protobuf encoder: the very message the SDK's encoder builds."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from otel_verl.exporters import otlp_proto
+from otel_verl.exporters.otlp_proto import encode_spans_bytes, grpc_span_exporter, http_span_exporter
+
+from test_otlp_json_file import make_spans
+
+
+def _parsed(data: bytes) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest.FromString(data)
+
+
+def test_bytes_parse_into_the_sdk_message():
+    spans = make_spans()
+    # odd values (maps, unencodable objects, int64 overflow): the batch goes to the SDK encoder
+    assert _parsed(encode_spans_bytes(spans)) == encode_spans(spans)
+    plain = [s for s in spans if s.name not in ("odd values", "raw")]
+    direct = otlp_proto._encode(plain)  # no fallback
+    assert _parsed(direct) == encode_spans(plain)
+    # cached attribute encodings give the same bytes the second time
+    assert otlp_proto._encode(plain) == direct
+
+
+def test_events_api_spans_encode_directly(make_pipeline):
+    from otel_verl import events
+
+    pipeline = make_pipeline()
+    with events.trajectory("u1", "0", step=3, agent_name="tool_agent", n_samples=2):
+        with events.agent_run("ToolAgentLoop"):
+            with events.llm_call([1, 2, 3], model="m", request_id="r", max_tokens=8, temperature=0.5) as turn:
+                turn.finish([4, 5], stop_reason="stop", server_meta={"e2e_latency": 0.5})
+            with events.tool_call("calc", call_id="c1"):
+                pass
+        with events.reward() as reward:
+            reward.score(1.0)
+    spans = pipeline.spans()
+    assert len(spans) >= 4
+    assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)
+
+
+def test_http_exporter_posts_the_direct_encoding():
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spans = [s for s in make_spans() if s.name not in ("odd values", "raw")]
+        exporter = http_span_exporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces")
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        assert _parsed(received[0]) == encode_spans(spans)
+        # the SDK's own exporter in the same process is unaffected
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        assert OTLPSpanExporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces").export(spans) is SpanExportResult.SUCCESS
+        assert _parsed(received[1]) == encode_spans(spans)
+        exporter.shutdown()
+    finally:
+        server.shutdown()
+
+
+def test_grpc_exporter_translates_to_the_sdk_message():
+    spans = [s for s in make_spans() if s.name not in ("odd values", "raw")]
+    exporter = grpc_span_exporter(endpoint="localhost:1", insecure=True)
+    try:
+        assert exporter._translate_data(spans) == encode_spans(spans)
+    finally:
+        exporter.shutdown()
