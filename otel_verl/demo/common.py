@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_NUM_CPUS = 2
 PROMPT_LENGTH = 512
@@ -179,6 +179,52 @@ def _set_agent_name(paths: Sequence[str], agent_name: str) -> None:
         frame = pd.read_parquet(path)
         frame["agent_name"] = agent_name
         frame.to_parquet(path)
+
+
+def start_ray_and_fit(
+    *,
+    label: str,
+    config: Any,
+    fit: Callable[..., Dict[str, Any]],
+    runner_cls: type,
+    runtime_env: Optional[dict],
+    on_ray_init: Optional[Callable[[], Any]],
+    num_cpus: int,
+    log_to_driver: bool,
+    keep_ray: bool,
+    trainer_in_actor: bool,
+    file_log: str,
+    server: str,
+    server_kwargs: Dict[str, Any],
+    on_fit: Optional[Callable[..., Any]],
+) -> Tuple[Dict[str, Any], bool, float]:
+    """Start (or join) the local Ray cluster, then run ``fit`` here or, like verl's
+    TaskRunner, inside a ``runner_cls`` actor. Returns (fit result, whether this call
+    started Ray, seconds ``ray.init`` took)."""
+    import ray
+
+    t = time.time()
+    started_ray = init_ray(num_cpus=num_cpus, runtime_env=runtime_env, log_to_driver=log_to_driver)
+    ray_init_s = time.time() - t
+    if runtime_env and not started_ray:
+        import warnings
+
+        warnings.warn(f"Ray was already running: {label}'s runtime_env is not applied (the cluster's own is used)")
+    if on_ray_init is not None:
+        on_ray_init()
+    try:
+        if trainer_in_actor:
+            runner = ray.remote(runner_cls).options(num_cpus=0).remote()
+            try:
+                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit))
+            finally:
+                _kill([runner])
+        else:
+            fit_result = fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
+    finally:
+        if started_ray and not keep_ray:
+            ray.shutdown()
+    return fit_result, started_ray, ray_init_s
 
 
 def _kill(handles: Sequence[Any], wait_names: Sequence[str] = (), timeout_s: float = 30.0) -> None:

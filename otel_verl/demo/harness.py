@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from otel_verl.demo.common import (  # noqa: E402,F401  (re-exported: harness.X keeps working)
     DEFAULT_NUM_CPUS, PROJECT_NAME, PROMPT_LENGTH, RESPONSE_LENGTH, SERVER_KINDS, VAL_SIZE, _kill, _read_jsonl,
     _server_choice, _set_agent_name, build_config, harness_overrides, init_ray, prepare_inputs, prepare_output_dir,
-    ray_runtime_env, verl_config_dir,
+    ray_runtime_env, start_ray_and_fit, verl_config_dir,
 )
 
 
@@ -351,8 +351,6 @@ def run_v0(
             second call's return value is ``summary["on_fit"]``. Must pickle by reference
             (a module-level function) when ``trainer_in_actor``.
     """
-    import ray
-
     t_start = time.time()
     if agent not in ("single", "tool"):
         raise ValueError(f"agent must be 'single' or 'tool', got {agent!r}")
@@ -371,30 +369,12 @@ def run_v0(
     config = build_config(overrides_all)
     prepare_s = time.time() - t
 
-    t = time.time()
-    started_ray = init_ray(num_cpus=num_cpus, runtime_env=runtime_env, log_to_driver=log_to_driver)
-    ray_init_s = time.time() - t
-    if runtime_env and not started_ray:
-        import warnings
-
-        warnings.warn("Ray was already running: run_v0's runtime_env is not applied (the cluster's own is used)")
-    if on_ray_init is not None:
-        on_ray_init()
-
-    file_log = os.path.join(out, "metrics.jsonl")
-    server_kwargs = {"latency_s": latency_s}
-    try:
-        if trainer_in_actor:
-            runner = ray.remote(TaskRunnerStandIn).options(num_cpus=0).remote()
-            try:
-                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit))
-            finally:
-                _kill([runner])
-        else:
-            fit_result = _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
-    finally:
-        if started_ray and not keep_ray:
-            ray.shutdown()
+    fit_result, started_ray, ray_init_s = start_ray_and_fit(
+        label="run_v0", config=config, fit=_fit, runner_cls=TaskRunnerStandIn, runtime_env=runtime_env,
+        on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
+        trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
+        server_kwargs={"latency_s": latency_s}, on_fit=on_fit,
+    )
 
     summary = summarize(out, fit_result, agent=agent, steps=steps, prompts=prompts, n=n)
     summary["timings"].update({"prepare_s": prepare_s, "ray_init_s": ray_init_s, "total_s": time.time() - t_start})

@@ -113,9 +113,9 @@ from otel_verl.demo.common import (
     _server_choice,
     build_config,
     harness_overrides,
-    init_ray,
     prepare_inputs,
     prepare_output_dir,
+    start_ray_and_fit,
 )
 
 MODES = ("sync", "colocate_async", "separate_async")
@@ -440,8 +440,6 @@ def run_v1(
     validation pass at the last step when True). The advantage estimator is GRPO (no critic
     stand-in for v1).
     """
-    import ray
-
     t_start = time.time()
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -465,30 +463,12 @@ def run_v1(
 
     env = dict(runtime_env or {})
     env["env_vars"] = {**dict(env.get("env_vars") or {}), "TRANSFER_QUEUE_ENABLE": "1"}  # as run_ppo sets it
-    t = time.time()
-    started_ray = init_ray(num_cpus=num_cpus, runtime_env=env, log_to_driver=log_to_driver)
-    ray_init_s = time.time() - t
-    if runtime_env and not started_ray:
-        import warnings
-
-        warnings.warn("Ray was already running: run_v1's runtime_env is not applied (the cluster's own is used)")
-    if on_ray_init is not None:
-        on_ray_init()
-
-    file_log = os.path.join(out, "metrics.jsonl")
-    server_kwargs = {"latency_s": latency_s}
-    try:
-        if trainer_in_actor:
-            runner = ray.remote(TaskRunnerV1StandIn).options(num_cpus=0).remote()
-            try:
-                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit))
-            finally:
-                _kill([runner])
-        else:
-            fit_result = _fit_v1(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
-    finally:
-        if started_ray and not keep_ray:
-            ray.shutdown()
+    fit_result, started_ray, ray_init_s = start_ray_and_fit(
+        label="run_v1", config=config, fit=_fit_v1, runner_cls=TaskRunnerV1StandIn, runtime_env=env,
+        on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
+        trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
+        server_kwargs={"latency_s": latency_s}, on_fit=on_fit,
+    )
 
     summary = summarize_v1(out, fit_result, mode=mode, agent=agent, steps=steps, prompts=prompts, n=n)
     summary["timings"].update({"prepare_s": prepare_s, "ray_init_s": ray_init_s, "total_s": time.time() - t_start})

@@ -7,11 +7,12 @@ ended by ``Tracking.log``, which is also where the step ends).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+import time
+from typing import Any, Callable, List, Optional
 
 from otel_verl import bootstrap, events, health
 from otel_verl.instrumentation.hooks import Hook
-from otel_verl.semconv import Layout, Stage
+from otel_verl.semconv import Layout, Outcome, Stage
 
 TRACKING = "verl.utils.tracking"
 COMPONENT = "trainer"
@@ -143,6 +144,33 @@ def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
         if stage is None or events.is_validating() or not current.active:
             return timer
         return StageTimer(timer, stage)
+
+    return wrapper
+
+
+def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., Any], *, finishes: bool = False):
+    """Wrapper for a trainer method or module function that runs one batch stage: after it
+    returns, one span per uid of its batch (``ids_of(wrapped, instance, args, kwargs,
+    result)`` gives ``(uids, traj_uids)``, or None when the batch is not reported), and the
+    samples end as trained when ``finishes``. Runs only under ``trainer_name`` (v1 calls some
+    of v0's module functions, such as compute_advantage)."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if events.is_validating() or current.name != trainer_name:
+            return wrapped(*args, **kwargs)
+        start_ns = time.time_ns()
+        result = wrapped(*args, **kwargs)
+        try:
+            ids = ids_of(wrapped, instance, args, kwargs, result)
+            if ids is not None:
+                uids, traj_uids = ids
+                events.sample_stage_done(stage, uids, traj_uids, step=current.global_step(), start_ns=start_ns,
+                                         trainer=trainer_name)
+                if finishes:
+                    events.samples_finished(uids, Outcome.TRAINED)
+        except Exception as exc:
+            health.record_failure(f"{COMPONENT}.{trainer_name}.{stage.value}", exc)
+        return result
 
     return wrapper
 

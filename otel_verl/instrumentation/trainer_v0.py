@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
@@ -182,28 +181,16 @@ def _batch_ids(batch: Any) -> "tuple[Any, Any]":
 
 
 def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
-    """Wrapper for a method or function that runs one batch stage on ``batch_arg``."""
+    """Wrapper for a method or function that runs one batch stage on ``batch_arg`` (a DataProto)."""
 
-    def wrapper(wrapped, instance, args, kwargs):
-        # v1's trainer calls some of these module functions too (compute_advantage): its
-        # own wrappers report those stages from the TransferQueue keys.
-        if events.is_validating() or _trainer.current.name != TRAINER:
-            return wrapped(*args, **kwargs)
-        start_ns = time.time_ns()
-        result = wrapped(*args, **kwargs)
-        try:
-            _, values = bound(wrapped, instance, args, kwargs)
-            batch = values.get(batch_arg)
-            uids, traj_uids = _batch_ids(batch)
-            if uids is not None and not batch.meta_info.get("validate", False):
-                events.sample_stage_done(stage, uids, traj_uids, step=_trainer.current.global_step(), start_ns=start_ns, trainer=TRAINER)
-                if finishes:
-                    events.samples_finished(uids, Outcome.TRAINED)
-        except Exception as exc:
-            health.record_failure(f"trainer_v0.{stage.value}", exc)
-        return result
+    def ids_of(wrapped, instance, args, kwargs, result):
+        batch = bound(wrapped, instance, args, kwargs)[1].get(batch_arg)
+        uids, traj_uids = _batch_ids(batch)
+        if uids is None or batch.meta_info.get("validate", False):
+            return None
+        return uids, traj_uids
 
-    return wrapper
+    return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
 
 
 HOOKS = [

@@ -279,24 +279,13 @@ def _kv_clear(wrapped, instance, args, kwargs):
 def _batch_stage(stage: Stage, *, finishes: bool = False):
     """Wrapper for a v1 stage method ``(self, batch: KVBatchMeta, metrics) -> KVBatchMeta``."""
 
-    def wrapper(wrapped, instance, args, kwargs):
-        if events.is_validating() or not _trainer.current.active:
-            return wrapped(*args, **kwargs)
-        start_ns = time.time_ns()
-        result = wrapped(*args, **kwargs)
-        try:
-            batch = result if hasattr(result, "keys") and hasattr(result, "tags") else bound(wrapped, instance, args, kwargs)[1]["batch"]
-            if getattr(batch, "partition_id", "train") == "train":
-                uids, trajs = ids_from_keys(batch.keys, batch.tags)
-                events.sample_stage_done(stage, uids, trajs, step=_trainer.current.global_step(), start_ns=start_ns,
-                                         trainer=TRAINER)
-                if finishes:
-                    events.samples_finished(uids, Outcome.TRAINED)
-        except Exception as exc:
-            health.record_failure(f"trainer_v1.{stage.value}", exc)
-        return result
+    def ids_of(wrapped, instance, args, kwargs, result):
+        batch = result if hasattr(result, "keys") and hasattr(result, "tags") else bound(wrapped, instance, args, kwargs)[1]["batch"]
+        if getattr(batch, "partition_id", "train") != "train":
+            return None
+        return ids_from_keys(batch.keys, batch.tags)
 
-    return wrapper
+    return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
 
 
 HOOKS = [
