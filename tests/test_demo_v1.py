@@ -291,3 +291,30 @@ def test_replay_sends_every_v1_span(demo):
         result = cli("replay", trace_dir, "--endpoint", collector.url)
     assert result.exit_code == 0, result.output
     assert _span_ids_json(b for _, _, b in collector.requests) == sorted(s["spanId"] for s in spans)
+
+
+# --------------------------------------------------------------------------- 20 steps: bounded
+
+
+def test_open_sample_spans_stay_bounded_over_20_async_steps(tmp_path_factory):
+    """colocate_async keeps a batch in flight ahead of training: over 20 steps the sample
+    roots open at any step boundary never exceed what verl holds (the warm-up batch, the
+    step's own batch and the one being trained), and every one of them ends."""
+    from demo_process import run_in_child
+
+    steps, prompts = 20, 2
+    trace_dir = tmp_path_factory.mktemp("demo-v1-20-steps")
+    args = {"trace_dir": str(trace_dir), "steps": steps, "prompts": prompts, "n": 1, "agent": "single",
+            "trainer": "v1", "mode": "colocate_async", "validate": False}
+    summary = run_in_child("demo", args, str(tmp_path_factory.mktemp("demo-v1-20-steps-run")), timeout=850)
+    assert summary["steps_run"] == steps
+    spans = spans_from_files(summary["outputs"]["otlp_json"])
+    roots = _roots(spans)
+    assert len(roots) == (steps + 1) * prompts  # one warm-up batch more than the steps trained
+    step_starts = sorted(s["startTimeUnixNano"] for s in spans if s["name"] == "verl.step")
+    assert len(step_starts) == steps
+    open_at = [sum(1 for r in roots if r["startTimeUnixNano"] <= t < r["endTimeUnixNano"]) for t in step_starts]
+    assert max(open_at) <= 3 * prompts, open_at
+    assert open_at[-1] <= open_at[1] + prompts  # not growing with the steps
+    outcomes = collections.Counter(r["attributes"]["verl.sample.outcome"] for r in roots)
+    assert outcomes == {"trained": steps * prompts, "never_consumed": prompts}
