@@ -1009,9 +1009,10 @@ def measure_disabled(trainer: RayPPOTrainer, worker: AgentLoopWorker, calls: int
 
     Measured in the ``disabled`` child (wrappers installed, otel_verl never configured,
     the wrappers' trainer already seen as in a real fit) and in ``off`` (bare)."""
-    from otel_verl.instrumentation import trainer_v0
+    from otel_verl.instrumentation import _trainer, trainer_v0
 
-    trainer_v0._Trainer.instance = trainer if trainer_v0._Trainer.instance is None else trainer_v0._Trainer.instance
+    if not _trainer.current.active:
+        _trainer.current.bind(trainer, trainer_v0.TRAINER)
     batch = make_batch(["u0"], 4, 1)
     batch.non_tensor_batch["traj_uid"] = np.array(["0", "1", "2", "3"], dtype=object)
     client = worker.client
