@@ -150,3 +150,22 @@ def test_batch_stage_reports_trajectories_of_the_kv_batch(make_pipeline, v1_trai
     assert {s.attributes[sc.UID]: tuple(s.attributes[sc.TRAJ_UIDS]) for s in stage_spans} == {U1: ("0", "1"), U2: ("0",)}
     assert {s.attributes[sc.GLOBAL_STEP] for s in stage_spans} == {4}
     assert _outcomes(pipeline) == {U1: ("trained", None), U2: ("trained", None)}
+
+
+def test_every_v1_and_separation_hook_installs_on_verl_0_9_1():
+    """Each target exists in the installed verl / TransferQueue with the parameters its
+    wrapper reads (a renamed one would be skipped with a warning, see test_version_drift)."""
+    import importlib
+
+    pytest.importorskip("transfer_queue")
+    from otel_verl.instrumentation import agent_loop_tq, hooks, trainer_separation
+
+    table = [*trainer_v1.HOOKS, *agent_loop_tq.HOOKS, *trainer_separation.HOOKS]
+    try:
+        hooks.install_all(table)
+        for module in {h.module for h in table}:
+            importlib.import_module(module)
+        status = hooks.status()
+        assert {h.name: status[h.name][0] for h in table} == {h.name: hooks.INSTALLED for h in table}
+    finally:
+        hooks.uninstall_all()
