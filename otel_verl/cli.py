@@ -59,8 +59,9 @@ def launch_env(base: "os._Environ[str] | dict", trace_dir: str | None = None) ->
 @click.option("--prompts", type=click.IntRange(1, 4096), default=4, show_default=True, help="Prompts per step.")
 @click.option("--n", "n", type=click.IntRange(1, 64), default=4, show_default=True, help="Trajectories per prompt (rollout.n).")
 @click.option("--agent", type=click.Choice(["single", "tool"]), default="tool", show_default=True)
-@click.option("--trainer", type=click.Choice(["v0", "v1"]), default="v0", show_default=True,
-              help="verl's RayPPOTrainer (v0) or the TransferQueue trainer of verl.trainer.main_ppo (v1).")
+@click.option("--trainer", type=click.Choice(["v0", "v1", "separation"]), default="v0", show_default=True,
+              help="verl's RayPPOTrainer (v0), the TransferQueue trainer of verl.trainer.main_ppo (v1) or the "
+                   "experimental disaggregated SeparateRayPPOTrainer (separation).")
 @click.option("--mode", type=click.Choice(["sync", "colocate_async", "separate_async"]), default="sync",
               show_default=True, help="v1 trainer mode (trainer.v1.trainer_mode).")
 def demo(trace_dir: str, steps: int, prompts: int, n: int, agent: str, trainer: str, mode: str) -> None:

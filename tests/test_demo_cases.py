@@ -1,6 +1,7 @@
 """The traced CPU demo in the cases tests/test_demo_v0.py does not run: REMAX (a greedy
 baseline row per prompt in the same generate call) and a custom agent loop loaded from
-verl's registry (``rollout.agent.agent_loop_config_path``). Each case is one small real
+verl's registry (``rollout.agent.agent_loop_config_path``) and verl's experimental
+SeparateRayPPOTrainer (the disaggregated layout). Each case is one small real
 run (1 step, 2 prompts, n=2; no validation), shared by its tests."""
 
 import collections
@@ -282,3 +283,51 @@ def test_custom_agent_loop_legacy_outputs(custom):
         assert all(t["completion_text"] and t["finish_reason"] == "stop" for t in rest["turns"])
         assert rest["request_id"] == str(line["sample_index"])
     assert len(_task_lines(trace_dir)) == PROMPTS * N
+
+
+# --------------------------------------------------------------------------- the separation trainer
+
+
+@pytest.fixture(scope="module")
+def separation(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("separation"), agent="single", trainer="separation", steps=2)
+
+
+def test_separation_trainer_progress_is_disaggregated(separation):
+    """verl's experimental SeparateRayPPOTrainer: `Step N` banners, `disagg: ` stage lines,
+    the replay-queue fetch lines (no prefix) before each banner, step windows and the gen
+    throughput line."""
+    trace_dir, summary, _ = separation
+    assert summary["config"]["trainer_class"] == "SeparateRayPPOTrainer" and summary["steps_run"] == 2
+    lines = []
+    for path in sorted(glob.glob(os.path.join(trace_dir, "progress", "*.log"))):
+        with open(path, encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in f if not line.startswith("Task ")]
+    for step in (1, 2):
+        banner = lines.index(f"==================== Step {step} ====================")
+        assert lines[banner - 2:banner] == [
+            f"Trainer: try to load global batch@{step}, chunk[0/0] from replay_queue",
+            f"Trainer: successfully load global batch@{step}, chunk[0/0] from replay_queue",
+        ]
+        block = lines[banner + 1:lines.index("disagg: end record metrics", banner) + 1]
+        assert block[:2] == [f"Step {step} rollout started", f"Step {step} rollout finished"]
+        assert block[2].startswith("gen throughput (token/s): ")
+        for label in ("compute reward", "compute log prob", "compute ref log prob", "compute adv", "update actor",
+                      "sync params", "record metrics"):
+            assert f"disagg: start {label}" in block and f"disagg: end {label}" in block
+        assert block.index(f"Step {step} train started") < block.index("disagg: start update actor")
+
+
+def test_separation_trainer_traces_each_uid_through_the_workers(separation):
+    _, _, spans = separation
+    roots = [s for s in spans if s["name"] == "verl.sample"]
+    assert len(roots) == 2 * PROMPTS and {r["attributes"]["verl.sample.outcome"] for r in roots} == {"trained"}
+    for root in roots:
+        trace = [s for s in spans if s["traceId"] == root["traceId"]]
+        assert root["traceId"] == "%032x" % trace_id_for_uid(root["attributes"]["verl.uid"])
+        [rollout] = _children(trace, root, "verl.rollout")
+        trajectories = _children(trace, rollout, "invoke_agent")
+        assert len(trajectories) == N and {t["resource"]["verl.role"] for t in trajectories} == {"agent_loop_worker"}
+        assert {s["attributes"]["verl.stage"] for s in _children(trace, root, "verl.sample_stage")} == TRAIN_STAGES
+    steps = [s for s in spans if s["name"] == "verl.step"]
+    assert {s["attributes"]["verl.layout"] for s in steps} == {"disaggregated"} and len(steps) == 2

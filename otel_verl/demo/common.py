@@ -197,6 +197,7 @@ def start_ray_and_fit(
     server: str,
     server_kwargs: Dict[str, Any],
     on_fit: Optional[Callable[..., Any]],
+    fit_kwargs: Optional[Dict[str, Any]] = None,
 ) -> Tuple[Dict[str, Any], bool, float]:
     """Start (or join) the local Ray cluster, then run ``fit`` here or, like verl's
     TaskRunner, inside a ``runner_cls`` actor. Returns (fit result, whether this call
@@ -216,11 +217,12 @@ def start_ray_and_fit(
         if trainer_in_actor:
             runner = ray.remote(runner_cls).options(num_cpus=0).remote()
             try:
-                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit))
+                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit, **(fit_kwargs or {})))
             finally:
                 _kill([runner])
         else:
-            fit_result = fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
+            fit_result = fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit,
+                             **(fit_kwargs or {}))
     finally:
         if started_ray and not keep_ray:
             ray.shutdown()

@@ -72,14 +72,15 @@ def _trainer_base():
     return RayPPOTrainer
 
 
-class RayPPOTrainerWithStandIns(_trainer_base()):  # type: ignore[misc]
-    """verl's ``RayPPOTrainer`` whose ``init_workers`` wires CPU stand-ins for the GPU parts.
+class _StandInWorkers:
+    """``init_workers`` of a v0-style trainer with CPU stand-ins for the GPU parts.
 
     It follows ``RayPPOTrainer.init_workers`` step by step: worker groups (stand-ins),
     ``RewardLoopManager`` (real), ``LLMServerManager.create`` (real, with the stand-in replica
     class), ``AgentLoopManager.create`` (real, or ``agent_loop_manager_class``),
     ``CheckpointEngineManager`` (real, or ``checkpoint_manager_class``) and the final
-    ``sleep_replicas()``. ``fit`` and all other methods are inherited unchanged.
+    ``sleep_replicas()``. Mixed into verl's trainer classes: ``fit`` and all their other
+    methods are inherited unchanged.
     """
 
     def __init__(self, *args: Any, server_cls: Any = None, server_kwargs: Optional[dict] = None, **kwargs: Any):
@@ -186,7 +187,35 @@ class RayPPOTrainerWithStandIns(_trainer_base()):  # type: ignore[misc]
         return ray.get([s.get_stats.remote() for s in servers]) if servers else []
 
 
-def build_trainer(config: Any, *, server_cls: Any = None, server_kwargs: Optional[dict] = None):
+class RayPPOTrainerWithStandIns(_StandInWorkers, _trainer_base()):  # type: ignore[misc]
+    """verl's ``RayPPOTrainer`` (v0) with CPU stand-ins wired by ``init_workers`` only."""
+
+
+def _separation_base():
+    from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+
+    return SeparateRayPPOTrainer
+
+
+TRAINER_CLASSES = ("RayPPOTrainer", "SeparateRayPPOTrainer")
+
+
+def trainer_class(name: str) -> type:
+    """``RayPPOTrainer`` or verl's experimental disaggregated ``SeparateRayPPOTrainer``, with
+    the stand-in ``init_workers``."""
+    if name == "RayPPOTrainer":
+        return RayPPOTrainerWithStandIns
+    if name == "SeparateRayPPOTrainer":
+        class SeparateRayPPOTrainerWithStandIns(_StandInWorkers, _separation_base()):  # type: ignore[misc]
+            """verl's ``SeparateRayPPOTrainer`` (its own fit / fit_step / _fit_* step) with
+            CPU stand-ins wired by ``init_workers`` only."""
+
+        return SeparateRayPPOTrainerWithStandIns
+    raise ValueError(f"trainer_class must be one of {TRAINER_CLASSES}, got {name!r}")
+
+
+def build_trainer(config: Any, *, server_cls: Any = None, server_kwargs: Optional[dict] = None,
+                  trainer: str = "RayPPOTrainer"):
     """Construct the trainer the way verl's v0 ``TaskRunner.run`` does (minus GPU worker classes)."""
     from omegaconf import OmegaConf
 
@@ -224,7 +253,7 @@ def build_trainer(config: Any, *, server_cls: Any = None, server_kwargs: Optiona
         config.data.val_files, config.data, tokenizer, processor, is_train=False,
         max_samples=config.data.get("val_max_samples", -1),
     )
-    return RayPPOTrainerWithStandIns(
+    return trainer_class(trainer)(
         config=config,
         tokenizer=tokenizer,
         processor=processor,
@@ -243,12 +272,13 @@ def build_trainer(config: Any, *, server_cls: Any = None, server_kwargs: Optiona
 # one run
 # ---------------------------------------------------------------------------------------------
 def _fit(
-    config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None
+    config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None,
+    trainer_class: str = "RayPPOTrainer",
 ) -> Dict[str, Any]:
     """Build the trainer, run init_workers and fit, collect what the summary needs. Runs where the trainer lives."""
     timings: Dict[str, float] = {}
     t = time.time()
-    trainer = build_trainer(config, server_cls=_server_choice(server), server_kwargs=server_kwargs)
+    trainer = build_trainer(config, server_cls=_server_choice(server), server_kwargs=server_kwargs, trainer=trainer_class)
     timings["build_trainer_s"] = time.time() - t
     previous = os.environ.get("VERL_FILE_LOGGER_PATH")
     os.environ["VERL_FILE_LOGGER_PATH"] = file_log
@@ -286,9 +316,10 @@ class TaskRunnerStandIn:
     """Hosts the trainer inside a Ray actor, like verl's ``TaskRunner`` (``trainer_in_actor=True``)."""
 
     def run(
-        self, config: Any, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None
+        self, config: Any, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None,
+        **fit_kwargs: Any,
     ) -> Dict[str, Any]:
-        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
+        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit, **fit_kwargs)
 
 
 def run_v0(
@@ -314,6 +345,7 @@ def run_v0(
     agent_name: Optional[str] = None,
     agent_loop_config_path: Optional[str] = None,
     on_fit: Optional[Callable[[Any, str], Any]] = None,
+    trainer_class: str = "RayPPOTrainer",
 ) -> Dict[str, Any]:
     """Run verl's v0 ``RayPPOTrainer.fit`` on CPU and return a summary dict.
 
@@ -350,8 +382,12 @@ def run_v0(
             ``fit()`` and ``on_fit(trainer, "end")`` right after it (actors still alive); the
             second call's return value is ``summary["on_fit"]``. Must pickle by reference
             (a module-level function) when ``trainer_in_actor``.
+        trainer_class: ``RayPPOTrainer`` or verl's experimental ``SeparateRayPPOTrainer``
+            (disaggregated layout: its own ``fit`` / ``fit_step`` / ``_fit_*`` step).
     """
     t_start = time.time()
+    if trainer_class not in TRAINER_CLASSES:
+        raise ValueError(f"trainer_class must be one of {TRAINER_CLASSES}, got {trainer_class!r}")
     if agent not in ("single", "tool"):
         raise ValueError(f"agent must be 'single' or 'tool', got {agent!r}")
     out = prepare_output_dir(output_dir)
@@ -373,7 +409,7 @@ def run_v0(
         label="run_v0", config=config, fit=_fit, runner_cls=TaskRunnerStandIn, runtime_env=runtime_env,
         on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
         trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
-        server_kwargs={"latency_s": latency_s}, on_fit=on_fit,
+        server_kwargs={"latency_s": latency_s}, on_fit=on_fit, fit_kwargs={"trainer_class": trainer_class},
     )
 
     summary = summarize(out, fit_result, agent=agent, steps=steps, prompts=prompts, n=n)
@@ -383,7 +419,7 @@ def run_v0(
         "agent": agent, "steps": steps, "prompts": prompts, "n": n, "validate": validate,
         "agent_workers": agent_workers, "server": server, "adv_estimator": adv_estimator,
         "trainer_in_actor": trainer_in_actor, "model_dir": model_dir, "overrides": overrides_all,
-        "agent_name": agent_name, "agent_loop_config_path": agent_loop_config_path,
+        "agent_name": agent_name, "agent_loop_config_path": agent_loop_config_path, "trainer_class": trainer_class,
     }
     summary["on_fit"] = fit_result.get("on_fit")
     with open(os.path.join(out, "summary.json"), "w") as f:

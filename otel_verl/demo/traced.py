@@ -32,7 +32,8 @@ def run_demo(
 ) -> Dict[str, Any]:
     """Run the traced demo and return the harness summary plus where the outputs are.
 
-    ``trainer`` picks the harness: ``v0`` (:func:`otel_verl.demo.harness.run_v0`) or
+    ``trainer`` picks the harness: ``v0`` (:func:`otel_verl.demo.harness.run_v0`),
+    ``separation`` (the same harness with verl's experimental ``SeparateRayPPOTrainer``) or
     ``v1`` (:func:`otel_verl.demo.harness_v1.run_v1`, ``mode=`` among its keywords).
     ``extra_env`` goes into this process's environment (and so is forwarded to the
     workers when it is a tracing variable); ``worker_env`` only into the Ray workers'
@@ -51,12 +52,15 @@ def run_demo(
 
     from otel_verl import activation, bootstrap
 
-    if trainer == "v0":
+    if trainer in ("v0", "separation"):
         from otel_verl.demo.harness import run_v0 as run_harness
+
+        if trainer == "separation":
+            harness_kwargs["trainer_class"] = "SeparateRayPPOTrainer"
     elif trainer == "v1":
         from otel_verl.demo.harness_v1 import run_v1 as run_harness
     else:
-        raise ValueError(f"trainer must be 'v0' or 'v1', got {trainer!r}")
+        raise ValueError(f"trainer must be 'v0', 'v1' or 'separation', got {trainer!r}")
 
     if server is None:
         # verl's real SGLangHttpServer over a stand-in engine (server spans, engine timing),
