@@ -58,13 +58,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
 import dataclasses
 import gc
 import json
 import os
 import pickle
-import queue
 import shutil
 import socket
 import subprocess
@@ -218,9 +216,8 @@ class SGLangHttpServer:
     async def generate(self, prompt_ids: List[int], sampling_params: dict, request_id: str, image_data: Any = None,
                        video_data: Any = None) -> TokenOutput:
         obj = argparse.Namespace(external_trace_header=None, rid=request_id)
-        meta = None
-        async for out in self.tokenizer_manager.generate_request(obj):
-            meta = out["meta_info"]
+        async for _ in self.tokenizer_manager.generate_request(obj):  # the wrapped engine call
+            pass
         return TokenOutput(COMPLETION_IDS, "stop", {})
 
 
@@ -456,49 +453,11 @@ class StepProbe:
 # =========================================================================== the seed's hooks
 
 
-@dataclasses.dataclass
-class SeedTurn:
-    turn_index: int
-    prompt_token_count: Optional[int] = None
-    prompt_text: Optional[str] = None
-    completion_text: str = ""
-    completion_token_ids: List[int] = dataclasses.field(default_factory=list)
-    completion_token_count: Optional[int] = None
-    finish_reason: str = ""
-    observation_text: Optional[str] = None
-    observation_token_ids: Optional[List[int]] = None
-    start_ts: float = 0.0
-    end_ts: float = 0.0
-    observation_start_ts: Optional[float] = None
-    observation_end_ts: Optional[float] = None
-    turn_total_time_ms: Optional[float] = None
-    completion_time_ms: float = 0.0
-    observation_time_ms: Optional[float] = None
-    sglang_rid: str = ""
-    sglang_time_ms: Optional[float] = None
-    sglang_queue_time_ms: Optional[float] = None
-    sglang_ttft_ms: Optional[float] = None
-    sglang_prefill_ms: Optional[float] = None
-    sglang_decode_time_ms: Optional[float] = None
-    template_overhead_tokens: Optional[int] = None
-    template_overhead_text: Optional[str] = None
-
-
-@dataclasses.dataclass
-class SeedTrajectory:
-    request_id: str
-    prompt_uid: Optional[str] = None
-    sample_index: Optional[int] = None
-    n_samples: Optional[int] = None
-    replica_id: int = -1
-    global_step: Optional[int] = None
-    created_at_ts: float = 0.0
-    completed_at_ts: float = 0.0
-    total_time_ms: float = 0.0
-    turns: List[SeedTurn] = dataclasses.field(default_factory=list)
-    initial_prompt_text: Optional[str] = None
-    initial_prompt_token_ids: Optional[List[int]] = None
-    agent_metrics: Optional[dict] = None
+# The seed's TurnRecord / TrajectoryRecord dataclasses and line format, as replayed by the
+# JSONL benchmark (same fields, same order, same pruning).
+from bench_trajectory_jsonl import BaselineTrajectory as SeedTrajectory  # noqa: E402
+from bench_trajectory_jsonl import BaselineTurn as SeedTurn  # noqa: E402
+from bench_trajectory_jsonl import baseline_line  # noqa: E402
 
 
 class SeedTrajectoryStore:
@@ -521,18 +480,7 @@ class SeedTrajectoryStore:
             pass
 
     def write(self, trajectory: SeedTrajectory) -> None:
-        d = dataclasses.asdict(trajectory)
-        for key in ("initial_prompt_token_ids", "replica_id"):
-            d.pop(key, None)
-        for turn in d.get("turns", []):
-            for key in ("completion_token_ids", "observation_token_ids", "prompt_text", "sglang_rid"):
-                turn.pop(key, None)
-            if turn.get("turn_total_time_ms") is None:
-                turn["turn_total_time_ms"] = (turn.get("completion_time_ms") or 0.0) + (turn.get("observation_time_ms") or 0.0)
-        top = ("prompt_uid", "sample_index")
-        line = json.dumps({k: d.get(k) for k in top} | {
-            "raw_message": json.dumps({k: v for k, v in d.items() if k not in top}, ensure_ascii=False)}, ensure_ascii=False)
-        self._executor.submit(self._write_sync, line)
+        self._executor.submit(self._write_sync, baseline_line(trajectory))
 
     def flush(self) -> None:
         self._executor.submit(lambda: None).result()
