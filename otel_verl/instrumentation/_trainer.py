@@ -18,6 +18,23 @@ TRACKING = "verl.utils.tracking"
 COMPONENT = "trainer"
 
 
+# marked_timer names in verl's trainers (v0 ray_trainer, the separation trainer, v1
+# trainer_base and its mode modules) -> step stage
+STAGE_BY_TIMER = {
+    "gen": Stage.GENERATION,  # v1: the replay-buffer sample, i.e. waiting for the batch
+    "reward": Stage.REWARD,
+    "old_log_prob": Stage.OLD_LOG_PROB,
+    "ref": Stage.REF_LOG_PROB,  # str(Role.RefPolicy)
+    "values": Stage.VALUES,
+    "adv": Stage.ADVANTAGE,
+    "update_critic": Stage.UPDATE_CRITIC,
+    "update_actor": Stage.UPDATE_ACTOR,
+    "save_checkpoint": Stage.SAVE_CHECKPOINT,
+    "update_weights": Stage.SYNC_PARAMS,
+    "testing": Stage.EVAL,
+}
+
+
 class TracedTrainer:
     """The trainer being traced in this process."""
 

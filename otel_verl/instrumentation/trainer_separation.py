@@ -47,7 +47,7 @@ def _fit_step(wrapped, instance, args, kwargs):
 HOOKS = [
     Hook(SEPARATION, "SeparateRayPPOTrainer.fit", _fit, (), COMPONENT, gate=STARTS),
     Hook(SEPARATION, "SeparateRayPPOTrainer.fit_step", _fit_step, ("batch_dict",), COMPONENT),
-    Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(trainer_v0.STAGE_BY_TIMER), ("name",), COMPONENT),
+    Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(SEPARATION, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
     Hook(SEPARATION, "extract_reward", trainer_v0._batch_stage(Stage.REWARD, "batch"), ("batch",), COMPONENT),
     Hook(SEPARATION, "compute_advantage", trainer_v0._batch_stage(Stage.ADVANTAGE, "data"), ("data",), COMPONENT),

@@ -32,20 +32,6 @@ COMPONENT = "trainer_v0"
 
 TRAJ_UID_COLUMN = "traj_uid"
 
-# marked_timer names in RayPPOTrainer.fit -> step stage
-STAGE_BY_TIMER = {
-    "gen": Stage.GENERATION,
-    "reward": Stage.REWARD,
-    "old_log_prob": Stage.OLD_LOG_PROB,
-    "ref": Stage.REF_LOG_PROB,  # str(Role.RefPolicy)
-    "values": Stage.VALUES,
-    "adv": Stage.ADVANTAGE,
-    "update_critic": Stage.UPDATE_CRITIC,
-    "update_actor": Stage.UPDATE_ACTOR,
-    "save_checkpoint": Stage.SAVE_CHECKPOINT,
-    "update_weights": Stage.SYNC_PARAMS,
-    "testing": Stage.EVAL,
-}
 
 
 def _fit(wrapped, instance, args, kwargs):
@@ -195,7 +181,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 HOOKS = [
     Hook(RAY_TRAINER, "RayPPOTrainer.fit", _fit, (), COMPONENT, gate=STARTS),
-    Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(STAGE_BY_TIMER), ("name",), COMPONENT),
+    Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),
     Hook(RAY_TRAINER, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),

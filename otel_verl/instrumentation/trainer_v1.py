@@ -42,21 +42,7 @@ COMPONENT = "trainer_v1"
 NO_TRAJ = "N/A"
 DISAGGREGATED_MODES = ("separate_async",)
 
-# marked_timer names in the v1 trainers -> step stage ("step" opens the step itself)
-STAGE_BY_TIMER = {
-    "gen": Stage.GENERATION,
-    "reward": Stage.REWARD,
-    "old_log_prob": Stage.OLD_LOG_PROB,
-    "ref": Stage.REF_LOG_PROB,
-    "values": Stage.VALUES,
-    "adv": Stage.ADVANTAGE,
-    "update_critic": Stage.UPDATE_CRITIC,
-    "update_actor": Stage.UPDATE_ACTOR,
-    "save_checkpoint": Stage.SAVE_CHECKPOINT,
-    "update_weights": Stage.SYNC_PARAMS,
-    "testing": Stage.EVAL,
-}
-_stage_timer = _trainer.marked_timer_wrapper(STAGE_BY_TIMER)
+_stage_timer = _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER)
 
 
 def ids_from_keys(keys: Any, tags: Any) -> Tuple[List[str], List[str]]:
