@@ -136,10 +136,10 @@ def _fetch_one_gen_batch(wrapped, instance, args, kwargs):
 
 
 def _generate_sequences(wrapped, instance, args, kwargs):
-    _, values = bound(wrapped, instance, args, kwargs)
-    prompts = values.get("prompts")
+    prompts = None
     injected = False
     try:
+        prompts = bound(wrapped, instance, args, kwargs)[1].get("prompts")
         injected = _dispatch(instance, prompts)
     except Exception as exc:
         health.record_failure("trainer_v1.generate_sequences", exc)
@@ -193,8 +193,12 @@ def _agent_names(manager: Any, prompts: Any, n: int) -> List[str]:
 
 
 def _sample(wrapped, instance, args, kwargs):
-    _, values = bound(wrapped, instance, args, kwargs)
-    traced = _trainer.current.active and not events.is_validating() and values.get("partition_id") == "train"
+    try:
+        partition = bound(wrapped, instance, args, kwargs)[1].get("partition_id")
+    except Exception as exc:
+        health.record_failure("trainer_v1.sample", exc)
+        partition = None
+    traced = _trainer.current.active and not events.is_validating() and partition == "train"
     if not traced:
         return wrapped(*args, **kwargs)
     fetch = events.stage_begin(Stage.FETCH_BATCH, step=_trainer.current.global_step(), trainer=TRAINER,
