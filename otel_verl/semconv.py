@@ -110,7 +110,6 @@ class Kind(enum.Enum):
     SAMPLE_STAGE = "sample_stage"  # trainer: one uid in one training stage, lists traj_uids
     PROMPT_TASK = "prompt_task"  # worker (v1): one prompt's task running its sessions
     TRAJECTORY = "trajectory"  # worker: one (uid, traj_uid) agent run (invoke_agent)
-    AGENT_RUN = "agent_run"  # worker: the agent loop's run() inside a trajectory
     LLM_CALL = "llm_call"  # worker: one generate call (chat / text_completion)
     LLM_SERVER = "llm_server"  # server actor: the server side of one generate call
     TOOL = "tool"  # worker: one tool execution (execute_tool)
@@ -123,7 +122,6 @@ SPAN_STEP = "verl.step"
 SPAN_SAMPLE = "verl.sample"
 SPAN_ROLLOUT = "verl.rollout"
 SPAN_PROMPT_TASK = "verl.prompt_task"
-SPAN_AGENT_RUN = "verl.agent_run"
 SPAN_LLM_SERVER = "verl.llm_server.generate"
 SPAN_REWARD = "verl.reward"
 

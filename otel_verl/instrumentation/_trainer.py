@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional
 
 from otel_verl import bootstrap, events, health
 from otel_verl.instrumentation.hooks import Hook
-from otel_verl.semconv import Layout, Outcome, Stage
+from otel_verl.semconv import Layout, Outcome, Role, Stage
 
 TRACKING = "verl.utils.tracking"
 COMPONENT = "trainer"
@@ -56,6 +56,34 @@ class TracedTrainer:
 
 
 current = TracedTrainer()
+
+
+def fit_wrapper(
+    name: str,
+    actors_of: Callable[[Any], List[Any]],
+    *,
+    layout_of: Callable[[Any], str] = lambda trainer: Layout.COLOCATED.value,
+    before_end: Optional[Callable[[], None]] = None,
+):
+    """Wrapper for a trainer's ``fit``: switches tracing on in the trainer's process, binds
+    the traced trainer, records the run's shape; at the end (``before_end`` first) ends
+    what the step loop left open and flushes this process and ``actors_of(trainer)``."""
+
+    def wrapper(wrapped, instance, args, kwargs):
+        try:
+            bootstrap.ensure(Role.TRAINER)
+            current.bind(instance, name, layout_of(instance))
+            fit_started(instance)
+        except Exception as exc:
+            health.record_failure(f"{COMPONENT}.{name}.fit", exc)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if before_end is not None:
+                before_end()
+            fit_finished(actors_of(instance))
+
+    return wrapper
 
 
 def fit_started(instance: Any) -> None:

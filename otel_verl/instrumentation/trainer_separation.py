@@ -12,26 +12,13 @@ and the module globals it imported by name (``marked_timer``, ``extract_reward``
 
 from __future__ import annotations
 
-from otel_verl import bootstrap, events, health
+from otel_verl import events
 from otel_verl.instrumentation import _trainer, trainer_v0
 from otel_verl.instrumentation.hooks import STARTS, Hook
-from otel_verl.semconv import Layout, Role, Stage
+from otel_verl.semconv import Layout, Stage
 
 SEPARATION = "verl.experimental.separation.ray_trainer"
 COMPONENT = "trainer_separation"
-
-
-def _fit(wrapped, instance, args, kwargs):
-    try:
-        bootstrap.ensure(Role.TRAINER)
-        _trainer.current.bind(instance, trainer_v0.TRAINER, Layout.DISAGGREGATED.value)
-        _trainer.fit_started(instance)
-    except Exception as exc:
-        health.record_failure("trainer_separation.fit", exc)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _trainer.fit_finished(trainer_v0._worker_actors(instance))
 
 
 def _fit_step(wrapped, instance, args, kwargs):
@@ -45,7 +32,9 @@ def _fit_step(wrapped, instance, args, kwargs):
 
 
 HOOKS = [
-    Hook(SEPARATION, "SeparateRayPPOTrainer.fit", _fit, (), COMPONENT, gate=STARTS),
+    Hook(SEPARATION, "SeparateRayPPOTrainer.fit",
+         _trainer.fit_wrapper(trainer_v0.TRAINER, trainer_v0._worker_actors, layout_of=lambda _: Layout.DISAGGREGATED.value),
+         (), COMPONENT, gate=STARTS),
     Hook(SEPARATION, "SeparateRayPPOTrainer.fit_step", _fit_step, ("batch_dict",), COMPONENT),
     Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(SEPARATION, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),

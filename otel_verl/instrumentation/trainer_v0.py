@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from otel_verl import bootstrap, carriers, events, health
+from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound, self_and_args
 from otel_verl.instrumentation.hooks import STARTS, Hook
-from otel_verl.semconv import Outcome, Role, Stage
+from otel_verl.semconv import Outcome, Stage
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
@@ -32,19 +32,6 @@ COMPONENT = "trainer_v0"
 
 TRAJ_UID_COLUMN = "traj_uid"
 
-
-
-def _fit(wrapped, instance, args, kwargs):
-    try:
-        bootstrap.ensure(Role.TRAINER)
-        _trainer.current.bind(instance, TRAINER)
-        _trainer.fit_started(instance)
-    except Exception as exc:
-        health.record_failure("trainer_v0.fit", exc)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        _trainer.fit_finished(_worker_actors(instance))
 
 
 def _worker_actors(trainer: Any) -> List[Any]:
@@ -180,7 +167,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _fit, (), COMPONENT, gate=STARTS),
+    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT, gate=STARTS),
     Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),

@@ -24,12 +24,12 @@ from __future__ import annotations
 import time
 from typing import Any, List, Tuple
 
-from otel_verl import bootstrap, carriers, events, health
+from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound
 from otel_verl.instrumentation.hooks import STARTS, Hook
-from otel_verl.semconv import Layout, Outcome, Role, Stage
+from otel_verl.semconv import Layout, Outcome, Stage
 
 V1 = "verl.trainer.ppo.v1"
 TRAINER_BASE = f"{V1}.trainer_base"
@@ -79,26 +79,18 @@ def _disaggregated() -> bool:
 # --------------------------------------------------------------------------- fit and steps
 
 
-def _fit(wrapped, instance, args, kwargs):
-    try:
-        bootstrap.ensure(Role.TRAINER)
-        _trainer.current.bind(instance, TRAINER, _layout(instance))
-        _trainer.fit_started(instance)
-    except Exception as exc:
-        health.record_failure("trainer_v1.fit", exc)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        # Prompts prefetched for steps that never ran (async warm-up, the last step's
-        # refill) were never consumed: their roots end saying so.
-        events.end_samples_before(1 << 62, Outcome.NOT_CONSUMED)
-        _trainer.fit_finished(
-            _trainer.actor_handles(
-                (instance, "agent_loop_manager", "agent_loop_workers"),
-                (instance, "reward_loop_manager", "reward_loop_workers"),
-                (instance, "llm_server_manager", "server_handles"),
-            )
-        )
+def _worker_actors(trainer: Any) -> List[Any]:
+    return _trainer.actor_handles(
+        (trainer, "agent_loop_manager", "agent_loop_workers"),
+        (trainer, "reward_loop_manager", "reward_loop_workers"),
+        (trainer, "llm_server_manager", "server_handles"),
+    )
+
+
+def _end_unconsumed_samples() -> None:
+    # Prompts prefetched for steps that never ran (async warm-up, the last step's refill)
+    # were never consumed: their roots end saying so.
+    events.end_samples_before(1 << 62, Outcome.NOT_CONSUMED)
 
 
 def _marked_timer(wrapped, instance, args, kwargs):
@@ -279,7 +271,9 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(TRAINER_BASE, "PPOTrainer.fit", _fit, ("agent_loop_manager",), COMPONENT, gate=STARTS),
+    Hook(TRAINER_BASE, "PPOTrainer.fit",
+         _trainer.fit_wrapper(TRAINER, _worker_actors, layout_of=_layout, before_end=_end_unconsumed_samples),
+         ("agent_loop_manager",), COMPONENT, gate=STARTS),
     Hook(TRAINER_BASE, "marked_timer", _marked_timer, ("name",), COMPONENT),
     *[Hook(module, "marked_timer", _stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
     Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch, (), COMPONENT),
