@@ -406,13 +406,15 @@ def _micro_workload(
     import pickle
 
     from otel_verl import carriers, events
+    from otel_verl.instrumentation._tokenizer import text_decoder
     from otel_verl.instrumentation.llm_client import _model_and_provider
 
     prompt_ids = list(range(1000, 1000 + PROMPT_TOKENS))
     completion_ids = list(range(2000, 2000 + COMPLETION_TOKENS))
     meta = {"e2e_latency": 0.06, "queue_time": 0.0001, "request_received_ts": 1.0, "prefill_finished_ts": 1.01,
             "prefill_launch_latency": 0.0001}
-    decode, encode = (tokenizer.decode, tokenizer.encode) if tokenizer is not None else (None, None)
+    # as the _run_agent_loop wrapper passes them
+    decode, encode = (text_decoder(tokenizer), tokenizer.encode) if tokenizer is not None else (None, None)
     request_id = uuid.uuid4().hex
     traced = events.enabled()  # untraced: stock verl has no carrier, no wrapper work
     for i in range(count):
@@ -745,7 +747,10 @@ def write_doc(section: str, extra_notes: str = "") -> None:
     if start < 0:
         text = text.rstrip() + "\n\n" + body
     else:
-        end = text.find("\n## ", start + len(DOC_SECTION))
+        # the section ends at the next heading or at another benchmark's generated block
+        ends = [i for i in (text.find(mark, start + len(DOC_SECTION)) for mark in ("\n## ", "\n<!-- BEGIN "))
+                if i >= 0]
+        end = min(ends) if ends else -1
         notes_marker = "<!-- notes kept by bench_worker_overhead.py -->"
         kept = ""
         old = text[start:end if end >= 0 else len(text)]

@@ -14,6 +14,8 @@ runtime env lost the job's setup hook still starts tracing on the first traced d
 
 from __future__ import annotations
 
+import functools
+
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
@@ -138,7 +140,25 @@ def context_from(carrier: Any) -> Optional[otel_context.Context]:
         headers = {"traceparent": carrier}
     else:
         return None
-    ctx = _propagator.extract(headers)
+    traceparent = headers.get("traceparent")
+    if isinstance(traceparent, str):  # what the W3C trace-context propagator reads: the pair
+        tracestate = headers.get("tracestate")
+        if tracestate is None or isinstance(tracestate, str):
+            return _context_of(traceparent, tracestate)
+    return _valid_or_none(_propagator.extract(headers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _context_of(traceparent: str, tracestate: Optional[str]) -> Optional[otel_context.Context]:
+    # The rows of one prompt share their parent's headers: parse them once (a Context is
+    # immutable, so one object serves them all).
+    headers = {"traceparent": traceparent}
+    if tracestate is not None:
+        headers["tracestate"] = tracestate
+    return _valid_or_none(_propagator.extract(headers))
+
+
+def _valid_or_none(ctx: otel_context.Context) -> Optional[otel_context.Context]:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 

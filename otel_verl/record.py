@@ -14,9 +14,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from otel_verl import lean_span
 from otel_verl.semconv import Kind
 
-_ATTR = "_otel_verl_record"
+_ATTR = lean_span.RECORD_ATTR
 
 
 @dataclass
@@ -90,8 +91,11 @@ _starting: contextvars.ContextVar[Optional[Tuple[str, SpanRecord]]] = contextvar
 
 
 def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, **kwargs: Any) -> Any:
-    """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on."""
+    """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on: a
+    :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it."""
     record = SpanRecord(record_kind, data)
+    if lean_span.supports(tracer):
+        return lean_span.start(tracer, name, record, **kwargs)
     token = _starting.set((name, record))
     try:
         span = tracer.start_span(name, **kwargs)

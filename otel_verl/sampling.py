@@ -20,11 +20,22 @@ import contextvars
 from typing import Any, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, _get_from_env_or_default
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    StaticSampler,
+    TraceIdRatioBased,
+    _get_from_env_or_default,
+)
 
 from otel_verl import health
+from otel_verl.record import record_of
 
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
@@ -70,6 +81,11 @@ class RecordDroppedSamples(Sampler):
 
     def __init__(self, inner: Sampler) -> None:
         self._inner = inner
+        # Whether a span started under a recording local parent gets the parent's
+        # sampled flag and trace state: true of every sampler OTEL_TRACES_SAMPLER names
+        # (parent-based ones by their defaults for local parents, the others decide on
+        # the trace id alone), so lean spans may skip asking (otel_verl.lean_span).
+        self.follows_local_parent = _follows_local_parent(inner)
 
     def is_sampled(self, trace_id: int) -> bool:
         """The root decision for a trace (used where a parent must be synthesised)."""
@@ -86,6 +102,13 @@ class RecordDroppedSamples(Sampler):
 
     def get_description(self) -> str:
         return f"RecordDroppedSamples{{{self._inner.get_description()}}}"
+
+
+def _follows_local_parent(sampler: Sampler) -> bool:
+    if isinstance(sampler, ParentBased):
+        return (getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
+                and getattr(sampler, "_local_parent_not_sampled", None) is ALWAYS_OFF)
+    return type(sampler) in (StaticSampler, TraceIdRatioBased)
 
 
 def record_dropped_samples(inner: Optional[Sampler] = None) -> Sampler:
@@ -124,6 +147,8 @@ class DropCountingProcessor(SpanProcessor):
     def __init__(self, batch_processor: Any, output: str) -> None:
         self._bsp = batch_processor
         self._output = output
+        if type(batch_processor) is BatchSpanProcessor:  # whose on_start does nothing
+            self.on_start_kinds = frozenset()
         self._leftover_counted = False
         inner = getattr(batch_processor, "_batch_processor", None)
         # SDK 1.45 internals (opentelemetry/sdk/_shared_internal BatchProcessor): the
@@ -157,28 +182,52 @@ class DropCountingProcessor(SpanProcessor):
 class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
     """Calls every processor in turn; a processor's exception is counted under
     ``span_processor.{Class}.{method}`` and never reaches the span's caller or the
-    processors after it."""
+    processors after it.
+
+    A processor may say which spans it reads (``on_start_kinds`` / ``on_end_kinds``: the
+    :class:`~otel_verl.semconv.Kind` of the span's record, ``None`` for every span); it is
+    not called for the others. A rollout worker's LLM, tool and reward spans then reach
+    only the processors that write something for them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._on_start: Tuple[Tuple[Any, Any], ...] = ()
+        self._on_end: Tuple[Tuple[Any, Any], ...] = ()
+        self._on_ending_processors: Tuple[Any, ...] = ()
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        processors = self._span_processors
+        self._on_start = _routes(processors, "on_start_kinds")
+        self._on_end = _routes(processors, "on_end_kinds")
+        self._on_ending_processors = tuple(
+            sp for sp in processors if getattr(type(sp), "_on_ending", None) is not SpanProcessor._on_ending
+        )
 
     def on_start(self, span, parent_context=None) -> None:
-        for sp in self._span_processors:
-            try:
-                sp.on_start(span, parent_context=parent_context)
-            except Exception as exc:
-                _processor_failed(sp, "on_start", exc)
+        kind = _record_kind(span)
+        for sp, kinds in self._on_start:
+            if kinds is None or kind in kinds:
+                try:
+                    sp.on_start(span, parent_context=parent_context)
+                except Exception as exc:
+                    _processor_failed(sp, "on_start", exc)
 
     def _on_ending(self, span) -> None:
-        for sp in self._span_processors:
+        for sp in self._on_ending_processors:
             try:
                 sp._on_ending(span)  # pylint: disable=protected-access
             except Exception as exc:
                 _processor_failed(sp, "on_ending", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
-        for sp in self._span_processors:
-            try:
-                sp.on_end(span)
-            except Exception as exc:
-                _processor_failed(sp, "on_end", exc)
+        kind = _record_kind(span)
+        for sp, kinds in self._on_end:
+            if kinds is None or kind in kinds:
+                try:
+                    sp.on_end(span)
+                except Exception as exc:
+                    _processor_failed(sp, "on_end", exc)
 
     def shutdown(self) -> None:
         for sp in self._span_processors:
@@ -203,6 +252,16 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
                 _processor_failed(sp, "force_flush", exc)
                 flushed = False
         return flushed
+
+
+def _routes(processors: Sequence[Any], attribute: str) -> Tuple[Tuple[Any, Any], ...]:
+    routes = ((sp, getattr(sp, attribute, None)) for sp in processors)
+    return tuple((sp, kinds) for sp, kinds in routes if kinds is None or kinds)
+
+
+def _record_kind(span: Any) -> Any:
+    record = record_of(span)
+    return record.kind if record is not None else None
 
 
 def _processor_failed(processor: Any, method: str, exc: BaseException) -> None:

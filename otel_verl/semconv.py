@@ -115,6 +115,10 @@ class Kind(enum.Enum):
     TOOL = "tool"  # worker: one tool execution (execute_tool)
     REWARD = "reward"  # worker: reward computation of one trajectory
 
+    # Members compare by identity; Enum's own __hash__ (hash of the name) is Python code,
+    # and processors look kinds up for every span start and end.
+    __hash__ = object.__hash__
+
 
 # --------------------------------------------------------------------------- span names
 SPAN_FIT = "verl.fit"

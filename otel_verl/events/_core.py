@@ -9,16 +9,16 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
-from otel_verl.record import attach, start_span
+from otel_verl.lean_span import set_trusted
+from otel_verl.record import start_span
 from otel_verl.semconv import Kind, Outcome
 
 # --------------------------------------------------------------------------- runtime
@@ -36,49 +36,6 @@ class _Runtime:
 
 
 _runtime: Optional[_Runtime] = None
-
-
-def emit_finished(
-    rt: _Runtime,
-    name: str,
-    kind_v: Kind,
-    data: Any,
-    parent: SpanContext,
-    attributes: Dict[str, Any],
-    links: Sequence[Link],
-    start_ns: int,
-    end_ns: int,
-) -> bool:
-    """Hand a span that is already over (start and end known: a batch stage reported per
-    uid) straight to the provider's span processors, without the SDK's live-span
-    machinery (context, locks, sampler, attribute validation): thousands of them per
-    training step. Same ids, parent, sampling flag (the parent's, as ParentBased decides),
-    resource and scope as a span from the tracer. ``attributes`` must already be valid
-    OTel values within the limits (the events API bounds what it records). Returns False
-    where the tracer is not the SDK's: the caller then starts and ends a span as usual."""
-    tracer = rt.tracer
-    processor = getattr(tracer, "span_processor", None)
-    if processor is None or not parent.is_valid:
-        return False
-    context = SpanContext(parent.trace_id, rt.ids.generate_span_id(), False, parent.trace_flags, parent.trace_state)
-    span = ReadableSpan(
-        name,
-        context=context,
-        parent=parent,
-        resource=tracer.resource,
-        attributes=attributes,
-        links=links,
-        instrumentation_scope=getattr(tracer, "_instrumentation_scope", None),
-        start_time=start_ns,
-        end_time=end_ns,
-    )
-    attach(span, kind_v, data)
-    processor.on_start(span, parent_context=None)
-    on_ending = getattr(processor, "_on_ending", None)  # SDK >= 1.39: before on_end, as Span.end() does
-    if on_ending is not None:
-        on_ending(span)
-    processor.on_end(span)
-    return True
 
 
 def _install(runtime: Optional[_Runtime]) -> None:
@@ -141,9 +98,9 @@ def _sample_root_context(uid: str) -> otel_context.Context:
 def _end(span: Any, outcome: Optional[str] = None, error: Optional[BaseException] = None) -> None:
     if error is not None:
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:256]))
-        span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+        set_trusted(span, sc.ERROR_TYPE, _text(type(error).__qualname__))
     if outcome is not None:
-        span.set_attribute(sc.SAMPLE_OUTCOME, outcome)
+        set_trusted(span, sc.SAMPLE_OUTCOME, outcome)
     span.end()
 
 
@@ -284,6 +241,58 @@ def _set(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
             var.reset(token)
         except ValueError:
             pass
+
+
+class SpanScope:
+    """The ``with`` block of one span, as a class (the rollout worker enters several per
+    trajectory; a generator context manager costs several times more): the span is the
+    current span inside and ``var`` is set to ``var_value``; on exit the span ends,
+    failed when the block raised (the exception goes on untouched). Subclasses add to
+    the exit in :meth:`_ending` (span still open) and :meth:`_ended`. ``span`` may be
+    ``None``: nothing to make current or end."""
+
+    __slots__ = ("span", "value", "_var", "_var_value", "_ctx_token", "_var_token")
+
+    def __init__(self, span: Any, value: Any = None, var: Optional[contextvars.ContextVar] = None,
+                 var_value: Any = None) -> None:
+        self.span = span
+        self.value = value
+        self._var = var
+        self._var_value = var_value
+        self._ctx_token = self._var_token = None
+
+    def __enter__(self) -> Any:
+        if self.span is not None:
+            self._ctx_token = otel_context.attach(trace.set_span_in_context(self.span))
+        if self._var is not None:
+            self._var_token = self._var.set(self._var_value)
+        return self.value
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        try:
+            self._ending(exc)
+            if self.span is not None:
+                _end(self.span, error=exc)
+            self._ended(exc)
+        except Exception as inner:
+            health.record_failure("events.end_span", inner)
+        if self._var_token is not None:
+            try:
+                self._var.reset(self._var_token)
+            except ValueError:  # reset in another context
+                pass
+        if self._ctx_token is not None:
+            try:
+                otel_context.detach(self._ctx_token)
+            except Exception:  # detached in another context
+                pass
+        return False
+
+    def _ending(self, error: Optional[BaseException]) -> None:
+        """Before the span ends."""
+
+    def _ended(self, error: Optional[BaseException]) -> None:
+        """After the span ended."""
 
 
 def _run_in_span(span: Any, value: Any = None) -> Iterator[Any]:

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
+from otel_verl.lean_span import set_trusted
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -37,7 +38,7 @@ class ServerCall:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.meta[str(key)] = value
                 if self.span is not None:
-                    self.span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
+                    set_trusted(self.span, sc.LLM_SERVER_META_PREFIX + _text(key), value)
 
 
 _current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)

@@ -14,7 +14,9 @@ from opentelemetry.trace import Link
 
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_list, root_span_id_for_uid, trace_id_for_uid
-from otel_verl.record import RolloutData, start_span
+from otel_verl.record import RolloutData, SpanRecord, start_span
+from otel_verl import lean_span
+from otel_verl.lean_span import set_trusted
 from otel_verl.semconv import Kind, Outcome, Stage
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -168,7 +170,7 @@ class StageHandle:
     def response_tokens(self, n_tokens: int) -> None:
         """Non-pad response tokens generated in this stage (gives gen throughput)."""
         if self.span is not None:
-            self.span.set_attribute(sc.RESPONSE_TOKENS, int(n_tokens))
+            set_trusted(self.span, sc.RESPONSE_TOKENS, int(n_tokens))
 
     @health.guarded(default=None)
     def end(self, error: Optional[BaseException] = None) -> None:
@@ -276,7 +278,7 @@ def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[st
         entry = rt.samples.pop(uid)
         if entry is not None:
             if detail:
-                entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", _text(detail))
+                set_trusted(entry.root, sc.SAMPLE_OUTCOME + ".detail", _text(detail))
             _end_sample_entry(entry, value)
 
 
@@ -411,7 +413,8 @@ def sample_stage_done(
         )
         parent = _sample_parent(rt, uid)
         parent_sc = trace.get_current_span(parent).get_span_context()
-        if _core.emit_finished(rt, name, Kind.SAMPLE_STAGE, trajs, parent_sc, attrs, links, start_ns, end_ns):
+        if lean_span.emit_finished(rt.tracer, name, SpanRecord(Kind.SAMPLE_STAGE, trajs), parent_sc, attrs, links,
+                                   start_ns, end_ns):
             continue
         span = start_span(rt.tracer, name, Kind.SAMPLE_STAGE, trajs, context=parent, links=links,
                           start_time=start_ns, attributes=attrs)

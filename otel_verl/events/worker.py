@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
+from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
 
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_str
 from otel_verl.record import TrajectoryData, TurnData, start_span
+from otel_verl.lean_span import set_trusted
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -21,11 +22,8 @@ from otel_verl.events._core import (
     _content,
     _messages_json,
     _sample_root_context,
-    _end,
     _start_guarded,
-    current_span_scope,
-    _set,
-    _run_in_span,
+    SpanScope,
 )
 
 
@@ -51,7 +49,6 @@ def _active_traj() -> Optional[_Trajectory]:
     return traj if traj is not None and traj is not _SUPPRESSED else None
 
 
-@contextlib.contextmanager
 def trajectory(
     uid: Any,
     traj_uid: Any,
@@ -65,22 +62,19 @@ def trajectory(
     validate: bool = False,
     decode: Any = None,
     encode: Any = None,
-) -> Iterator[Optional[TrajectoryData]]:
-    """One (uid, traj_uid) agent run in a rollout worker: a GenAI ``invoke_agent`` span.
+) -> ContextManager[Optional[TrajectoryData]]:
+    """One (uid, traj_uid) agent run in a rollout worker: a GenAI ``invoke_agent`` span,
+    current inside the ``with`` block.
 
     ``parent`` is the carrier the trainer sent with the row; without one the span is
-    parented to the sample root's derived ids. Yields the trajectory's data (``None``
-    when not traced) so the caller may add metrics.
+    parented to the sample root's derived ids. The block gets the trajectory's data
+    (``None`` when not traced) so the caller may add metrics.
     """
     rt = _core._runtime
     if rt is None:
-        yield None
-        return
+        return _UNTRACED
     if validate and not rt.settings.trace_validation:
-        with _set(_current_traj, _SUPPRESSED):
-            yield None
-        return
-    traj = None
+        return SpanScope(None, None, _current_traj, _SUPPRESSED)
     try:
         uid_s, traj_s = id_str(uid), id_str(traj_uid)
         agent_name = _text(agent_name)
@@ -113,53 +107,62 @@ def trajectory(
         span = start_span(
             rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs
         )
-        traj = _Trajectory(span, data, worker_index)
+        return _TrajectoryScope(_Trajectory(span, data, worker_index))
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
-        yield None
-        return
-    with current_span_scope(traj.span), _set(_current_traj, traj):
-        try:
-            yield traj.data
-        except BaseException as exc:
-            _finish_trajectory(traj, exc)
-            raise
-        else:
-            _finish_trajectory(traj, None)
+        return _UNTRACED
 
 
-def _finish_trajectory(traj: _Trajectory, error: Optional[BaseException]) -> None:
-    try:
+_UNTRACED = contextlib.nullcontext()  # a block that is not traced (gets None)
+
+
+class _TrajectoryScope(SpanScope):
+    __slots__ = ()
+
+    def __init__(self, traj: _Trajectory) -> None:
+        super().__init__(traj.span, traj.data, _current_traj, traj)
+
+    def _ending(self, error: Optional[BaseException]) -> None:
+        traj = self._var_value
         traj.data.completed_at = time.time()
         if traj.data.reward_score is not None:
-            traj.span.set_attribute(sc.REWARD_SCORE, traj.data.reward_score)
-        traj.span.set_attribute(sc.NUM_TURNS, len(traj.data.turns))
-        _end(traj.span, error=error)
-    except Exception as exc:
-        health.record_failure("events.trajectory.end", exc)
+            set_trusted(traj.span, sc.REWARD_SCORE, traj.data.reward_score)
+        set_trusted(traj.span, sc.NUM_TURNS, len(traj.data.turns))
 
 
-@contextlib.contextmanager
-def agent_run(agent_loop_class: str) -> Iterator[None]:
+def agent_run(agent_loop_class: str) -> ContextManager[None]:
     """The agent loop's ``run()`` inside the current trajectory.
 
-    No span of its own (a span costs the rollout worker ~100 µs with every output on):
-    ``verl.agent_loop.class`` goes on the trajectory span, and the time ``run()``
+    No span of its own (a span costs the rollout worker tens of µs with every output
+    on): ``verl.agent_loop.class`` goes on the trajectory span, and the time ``run()``
     returned on the trajectory's data (the CSV's ``agent_run_completed`` row). A ``run()``
     that raises records no completion; the trajectory span carries the error."""
     traj = _active_traj()
     if traj is None:
-        yield
-        return
+        return _UNTRACED
     try:
         agent_loop_class = _text(agent_loop_class)
         traj.agent_loop_class = agent_loop_class
         traj.data.agent_loop_class = agent_loop_class
-        traj.span.set_attribute(sc.AGENT_LOOP_CLASS, agent_loop_class)
+        set_trusted(traj.span, sc.AGENT_LOOP_CLASS, agent_loop_class)
     except Exception as exc:
         health.record_failure("events.agent_run", exc)
-    yield
-    traj.data.run_completed_ns = _core._now_ns()
+    return _AgentRun(traj.data)
+
+
+class _AgentRun:
+    __slots__ = ("_data",)
+
+    def __init__(self, data: TrajectoryData) -> None:
+        self._data = data
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            self._data.run_completed_ns = _core._now_ns()
+        return False
 
 
 @health.guarded(default=None)
@@ -216,11 +219,12 @@ class Turn:
             data.server_meta.update(server_meta)
         span = self.span
         count = output_tokens if output_tokens is not None else len(data.completion_ids)
-        span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(count))
+        set_trusted(span, sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(count))
         if data.finish_reason:
-            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, (_text(data.finish_reason),))
+            set_trusted(span, sc.GEN_AI_RESPONSE_FINISH_REASONS, (_text(data.finish_reason),))
         for key, value in data.server_meta.items():
-            span.set_attribute(sc.LLM_SERVER_META_PREFIX + _text(key), value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):  # as the server kept them
+                set_trusted(span, sc.LLM_SERVER_META_PREFIX + _text(key), value)
         if self._decode is not None:
             self._capture_content(span, data)
 
@@ -234,14 +238,14 @@ class Turn:
         except Exception as exc:
             health.record_failure("events.capture_content", exc)
             return
-        span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
-        span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
+        set_trusted(span, sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
+        set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
 
 
 _NULL_TURN = Turn(None, None)
+_UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
 
 
-@contextlib.contextmanager
 def llm_call(
     prompt_ids: Sequence[int],
     *,
@@ -252,12 +256,11 @@ def llm_call(
     max_tokens: Optional[int] = None,
     temperature: Optional[float] = None,
     top_p: Optional[float] = None,
-) -> Iterator[Turn]:
+) -> ContextManager[Turn]:
     """One generate call of the current trajectory (GenAI ``chat``/``text_completion``)."""
     traj = _active_traj()
     if traj is None:
-        yield _NULL_TURN
-        return
+        return _UNTRACED_TURN
     try:
         data = TurnData(prompt_ids=prompt_ids, start_ts=time.time(), prompt_token_count=len(prompt_ids))
         operation, model = _text(operation), _text(model) if model else None
@@ -282,24 +285,31 @@ def llm_call(
             attrs[sc.GEN_AI_REQUEST_TOP_P] = float(top_p)
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
-        yield _NULL_TURN
-        return
+        return _UNTRACED_TURN
     span = _start_guarded(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
     if span is None:
-        yield _NULL_TURN
-        return
+        return _UNTRACED_TURN
     traj.data.turns.append(data)
-    turn = Turn(span, data, traj.data.decode if _capturing_content() else None)
-    with current_span_scope(span), _set(_current_turn, turn):
-        try:
-            yield from _run_in_span(span, turn)
-        except BaseException:
+    return _TurnScope(span, Turn(span, data, traj.data.decode if _capturing_content() else None), traj.data)
+
+
+class _TurnScope(SpanScope):
+    __slots__ = ("_traj_data",)
+
+    def __init__(self, span: Any, turn: Turn, traj_data: TrajectoryData) -> None:
+        super().__init__(span, turn, _current_turn, turn)
+        self._traj_data = traj_data
+
+    def _ending(self, error: Optional[BaseException]) -> None:
+        if error is not None:
             # A generate call that raised is no turn of the trajectory (the legacy JSONL
             # only ever recorded calls that returned); its span keeps the error.
-            _forget_turn(traj.data, data)
-            raise
-    if not data.end_ts:
-        data.end_ts = time.time()
+            _forget_turn(self._traj_data, self.value.data)
+
+    def _ended(self, error: Optional[BaseException]) -> None:
+        data = self.value.data
+        if not data.end_ts:
+            data.end_ts = time.time()
 
 
 def _forget_turn(traj_data: TrajectoryData, turn_data: TurnData) -> None:
@@ -322,34 +332,34 @@ def observation(texts: Sequence[str]) -> None:
     last.observation_end_ts = time.time()
 
 
-@contextlib.contextmanager
 def tool_call(
     name: str, *, call_id: Optional[str] = None, tool_type: str = "function", arguments: Any = None
-) -> Iterator[Any]:
+) -> ContextManager[None]:
     """One tool execution of the current trajectory (GenAI ``execute_tool``).
 
     ``arguments`` (the model's argument text) goes on the span only when content capture
     is switched on (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
     traj = _active_traj()
     if traj is None:
-        yield None
-        return
-    name = _text(name)
-    attrs = {
-        sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
-        sc.GEN_AI_TOOL_NAME: name,
-        sc.GEN_AI_TOOL_TYPE: _text(tool_type),
-        sc.UID: traj.data.uid,
-        sc.TRAJ_UID: traj.data.traj_uid,
-        sc.GLOBAL_STEP: traj.data.global_step,
-    }
-    if call_id:
-        attrs[sc.GEN_AI_TOOL_CALL_ID] = _text(call_id)
-    if arguments is not None and _capturing_content():
-        attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = _content(arguments)
-    span = _start_guarded(sc.tool_span_name(name), Kind.TOOL, None, attrs)
-    with current_span_scope(span):
-        yield from _run_in_span(span)
+        return _UNTRACED
+    try:
+        name = _text(name)
+        attrs = {
+            sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+            sc.GEN_AI_TOOL_NAME: name,
+            sc.GEN_AI_TOOL_TYPE: _text(tool_type),
+            sc.UID: traj.data.uid,
+            sc.TRAJ_UID: traj.data.traj_uid,
+            sc.GLOBAL_STEP: traj.data.global_step,
+        }
+        if call_id:
+            attrs[sc.GEN_AI_TOOL_CALL_ID] = _text(call_id)
+        if arguments is not None and _capturing_content():
+            attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = _content(arguments)
+    except Exception as exc:
+        health.record_failure("events.tool_call", exc)
+        return _UNTRACED
+    return SpanScope(_start_guarded(sc.tool_span_name(name), Kind.TOOL, None, attrs))
 
 
 class RewardHandle:
@@ -368,17 +378,15 @@ class RewardHandle:
         self.traj.data.reward_score = score
         self.traj.data.agent_metrics["reward_score"] = score
         if self.span is not None:
-            self.span.set_attribute(sc.REWARD_SCORE, score)
+            set_trusted(self.span, sc.REWARD_SCORE, score)
             self.scored = score
 
 
-@contextlib.contextmanager
-def reward() -> Iterator[RewardHandle]:
+def reward() -> ContextManager[RewardHandle]:
     """Reward computation for the current trajectory, inside the rollout worker."""
     traj = _active_traj()
     if traj is None:
-        yield RewardHandle(None, None)
-        return
+        return contextlib.nullcontext(RewardHandle(None, None))
     span = _start_guarded(
         sc.SPAN_REWARD,
         Kind.REWARD,
@@ -386,13 +394,16 @@ def reward() -> Iterator[RewardHandle]:
         {sc.UID: traj.data.uid, sc.TRAJ_UID: traj.data.traj_uid, sc.GLOBAL_STEP: traj.data.global_step},
         data=traj.data,
     )
-    handle = RewardHandle(span, traj)
-    with current_span_scope(span):
-        yield from _run_in_span(span, handle)
-    if span is not None and handle.scored is not None:
-        traj.data.reward_row = (getattr(span, "end_time", None) or _core._now_ns(), handle.scored)
+    return _RewardScope(span, RewardHandle(span, traj))
 
 
+class _RewardScope(SpanScope):
+    __slots__ = ()
+
+    def _ended(self, error: Optional[BaseException]) -> None:
+        handle = self.value
+        if self.span is not None and handle.scored is not None:
+            handle.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), handle.scored)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:

@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from otel_verl import health
 
@@ -56,7 +56,7 @@ class BackgroundWriter:
         self._flushing = 0  # callers waiting in flush(): the writer must not linger
         self.written_lines = 0
         self.dropped_lines = 0
-        self._jobs: Deque[Tuple[Render, int]] = deque()
+        self._jobs: Deque[Tuple[Any, int]] = deque()  # (render or (path, text), lines)
         self._pending_lines = 0
         self._cond = threading.Condition()
         self._idle = threading.Event()
@@ -72,12 +72,21 @@ class BackgroundWriter:
 
     def submit(self, render: Render, n_lines: int) -> bool:
         """Queue ``render`` (run later on the writer thread). ``False`` when refused."""
+        return self._queue(render, n_lines)
+
+    def submit_text(self, path: str, text: str, n_lines: int) -> bool:
+        """Queue ``text`` (whole lines) for ``path``. For a few lines formatted on the
+        caller's thread: with the GIL, formatting them on the writer thread would save no
+        CPU, and the objects they come from would outlive the young GC generations."""
+        return self._queue((path, text), n_lines)
+
+    def _queue(self, job: Any, n_lines: int) -> bool:
         with self._cond:
             if self._closed or self._pending_lines + n_lines > self.max_pending_lines:
                 refused = True
             else:
                 refused = False
-                self._jobs.append((render, n_lines))
+                self._jobs.append((job, n_lines))
                 self._pending_lines += n_lines
                 # Wake the thread for the first line of a batch only (it lingers for the
                 # rest), or when the queue fills up. Only the first line of a batch checks
@@ -173,7 +182,7 @@ class BackgroundWriter:
         lines_by_path: Dict[str, int] = {}
         for render, n_lines in jobs:
             try:
-                chunks = list(render())
+                chunks = [render] if type(render) is tuple else list(render())
             except Exception as exc:
                 health.record_failure(f"{self.output}.render", exc)
                 self._count_dropped(n_lines, "could not format")

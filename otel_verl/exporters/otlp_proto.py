@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from opentelemetry.trace import SpanKind, StatusCode
 

@@ -9,7 +9,6 @@ handful per stage, so they are formatted on the caller's thread.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
@@ -130,6 +129,9 @@ def task_completed_line(span: Any, data: Any) -> str:
 class ProgressLogProcessor(SpanProcessor):
     """Prints the progress lines of this process's spans; files them under a trace dir."""
 
+    on_start_kinds = frozenset({Kind.FIT, Kind.STEP, Kind.STEP_STAGE})  # the spans it reads
+    on_end_kinds = frozenset({Kind.STEP, Kind.STEP_STAGE, Kind.TRAJECTORY})
+
     def __init__(
         self,
         trace_dir: Optional[str],
@@ -212,7 +214,10 @@ class ProgressLogProcessor(SpanProcessor):
         except Exception as exc:  # a closed stdout must not cost the file lines
             health.record_failure("progress_log.stdout", exc)
         if self.writer is not None:
-            self.writer.submit(functools.partial(self._render, self._hour_path(), text), len(lines))
+            if not self._discovery_written:  # with the first line for the file, as the seed did
+                self._discovery_written = True
+                write_discovery_file(self._discovery_path, self.directory)
+            self.writer.submit_text(self._hour_path(), text, len(lines))
 
     def _hour_path(self) -> str:
         """``{dir}/{YYYYMMDD-HH}.log`` of now; formatted once a minute at most."""
@@ -226,9 +231,3 @@ class ProgressLogProcessor(SpanProcessor):
         start = now - (now % 60)
         self._hour_cache = (start, start + 60, path)
         return path
-
-    def _render(self, path: str, text: str) -> List[tuple]:
-        if not self._discovery_written:  # at the first file write, as the seed did
-            self._discovery_written = True
-            write_discovery_file(self._discovery_path, self.directory)
-        return [(path, text)]

@@ -5,9 +5,11 @@ is a contract: ``shared/LEGACY_FORMATS.md`` section 1. Which span start/end yiel
 row is the table in ``docs/SPANS.md`` ("Sample-flow CSV").
 
 Cost model: on_start/on_end run on the training thread or the agent loop's event loop.
-They only pick the shared fields of an event and keep a reference to its id list (a
-batch stage is 16k rows at 1024 prompts x 16); the CSV text, and the optional
-``[FLOW_TRACE]`` stdout lines, are produced on the writer thread.
+A batch stage's event (16k rows at 1024 prompts x 16) only picks the shared fields and
+keeps a reference to its id list; its CSV text, and the optional ``[FLOW_TRACE]``
+stdout lines, are produced on the writer thread. An event of a few rows (every rollout
+worker event) is made into text at once: cheaper than keeping its objects alive until
+the writer thread runs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ NO_TRAJ = "N/A"  # a row about a prompt, not one of its trajectories
 DEFAULT_TRAINER = "RayPPOTrainer"
 V1_TRAINER = "PPOTrainerV1"
 _COMPLETE_STAGES = frozenset({"TRAIN_UPDATE", "FILTER_TRAJECTORIES"})
+# An event of at most this many rows (a rollout worker's: one row) is made into text on
+# the caller's thread, so nothing of it waits for the writer thread but the text.
+_RENDER_NOW_MAX_ROWS = 16
 
 
 class _Rows:
@@ -129,7 +134,10 @@ def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
         if _needs_quoting(uid):
             out.extend(csv_line((job_id, "sample", sample_id(uid, t), status, ts_ms, content)) for t in rows.trajs)
             continue
-        tail = "," + _quoted_cells(status, ts_ms, content) + "\r\n"
+        if _needs_quoting(content):
+            tail = "," + _quoted_cells(status, ts_ms, content) + "\r\n"
+        else:  # status and the timestamp never need quoting
+            tail = f",{status},{ts_ms},{content}\r\n"
         by_index, not_index = f"{head}{uid}/", f"{head}{uid}/sample{tail}"
         trajs = [str(t) for t in rows.trajs]
         if all(map(str.isdigit, trajs)):  # the common case: one join for the whole group
@@ -391,6 +399,9 @@ def write_discovery_file(path: Optional[str], directory: str) -> None:
 class SampleCsvProcessor(SpanProcessor):
     """Writes the sample-flow CSV rows of the spans of this process."""
 
+    # Every span of the events API (the validation scope follows all of them), no other.
+    on_start_kinds = on_end_kinds = frozenset(Kind)
+
     def __init__(
         self,
         trace_dir: str,
@@ -407,12 +418,17 @@ class SampleCsvProcessor(SpanProcessor):
         self._flow_stdout = flow_stdout
         self._stdout = stdout
         self._validation = ValidationScope()
+        self._path, self._path_pid = "", 0
         write_discovery_file(discovery_path, self.directory)
 
     @property
     def path(self) -> str:
         """This process's CSV file (the pid is read now: a forked child writes its own)."""
-        return os.path.join(self.directory, f"{self._hostname}-pid{os.getpid()}.csv")
+        pid = os.getpid()
+        if self._path_pid != pid:
+            self._path = os.path.join(self.directory, f"{self._hostname}-pid{pid}.csv")
+            self._path_pid = pid
+        return self._path
 
     # ------------------------------------------------------------------ span processor
 
@@ -453,8 +469,13 @@ class SampleCsvProcessor(SpanProcessor):
 
     def _submit(self, groups: List[_Rows]) -> None:
         n_rows = sum(len(rows.trajs) for rows in groups)
-        if n_rows:
+        if not n_rows:
+            return
+        if n_rows > _RENDER_NOW_MAX_ROWS:  # a batch stage: its rows are made on the writer thread
             self.writer.submit(functools.partial(self._render, groups), n_rows)
+            return
+        path, text = self._render(groups)[0]
+        self.writer.submit_text(path, text, n_rows)
 
     def _render(self, groups: List[_Rows]) -> List[tuple]:
         if self._flow_stdout:

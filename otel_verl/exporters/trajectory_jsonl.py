@@ -44,6 +44,9 @@ _OUTPUT = "trajectory_jsonl"
 class TrajectoryJsonlProcessor(SpanProcessor):
     """Writes ``{trace_dir}/trajectory/trajectory_{pid}_{YYYYmmdd_HHMMSS}_{mmm}.jsonl``."""
 
+    on_start_kinds: frozenset = frozenset()  # the spans it reads
+    on_end_kinds = frozenset({Kind.TRAJECTORY})
+
     def __init__(
         self,
         trace_dir: str,

@@ -1,0 +1,306 @@
+"""The spans the events API starts: the SDK's span model without its per-span costs.
+
+An SDK span validates every attribute on the way in (``BoundedAttributes``), takes a lock
+for each call and copies itself into a fresh ``ReadableSpan`` when it ends: ~60-100 µs a
+span of a rollout worker (10-20 attributes), several spans per trajectory, on the agent
+loop's event loop. The events API already bounds what it records (our own keys, str /
+bool / int / float values and tuples of str), so :class:`LeanSpan` keeps its
+attributes in a plain dict, ends once under one shared lock, and hands *itself* to the
+span processors as the finished ``ReadableSpan`` (it accepts no change once ended).
+
+Everything else is the SDK's: ids from the provider's id generator, the provider's
+sampler decides (parent-based flags, trace state), the provider's resource, scope and
+span processors, the ``opentelemetry.trace.Span`` API for code that finds the span in
+the context. Attributes set through that public API (another library, user code) go
+through the SDK's validation (``BoundedAttributes`` with the provider's limits) like on
+an SDK span.
+
+:func:`start` falls back to ``tracer.start_span`` whenever that would not be exactly
+equivalent: a tracer that is not the SDK's, or span limits that cut attribute values.
+:func:`emit_finished` hands over a span that is already over (a batch stage reported per
+uid) without the live-span part at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+import weakref
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+logger = logging.getLogger("otel_verl")
+
+RECORD_ATTR = "_otel_verl_record"  # where a span carries its record (otel_verl.record)
+_UNSET = Status(StatusCode.UNSET)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # SDK >= 1.39
+# Ending is the one transition two threads may race for (a sample root ended by the
+# trainer thread and by the registry's bound): one lock for all spans, held for a check.
+_END_LOCK = threading.Lock()
+_now_ns = time.time_ns  # the span clock (tests set it)
+
+
+class LeanSpan(trace_api.Span, ReadableSpan):
+    """A recording span started by :func:`start`; see the module docs."""
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: Optional[SpanContext],
+        attributes: Dict[str, Any],
+        kind: SpanKind,
+        links: Sequence[Link],
+        start_time: int,
+        tracer: Any,
+        record: Any,
+    ) -> None:
+        ReadableSpan.__init__(
+            self, name, context=context, parent=parent, resource=tracer.resource, attributes=attributes,
+            events=[], links=links, kind=kind, status=_UNSET, start_time=start_time,
+            instrumentation_scope=tracer._instrumentation_scope,
+        )
+        self._limits = tracer._span_limits
+        self._processor = tracer.span_processor
+        setattr(self, RECORD_ATTR, record)
+
+    # ------------------------------------------------------------------ the events API's side
+
+    def set_trusted(self, key: str, value: Any) -> None:
+        """An attribute the events API has already bounded (no validation while the
+        count limit is far; at the limit the SDK's rules apply)."""
+        if self._end_time is not None:
+            return
+        attrs = self._attributes
+        if type(attrs) is dict and len(attrs) < self._limits.max_span_attributes:
+            attrs[key] = value
+        else:
+            self._validated()[key] = value
+
+    # ------------------------------------------------------------------ opentelemetry.trace.Span
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end_time is not None:
+            logger.warning("Setting attribute on ended span.")
+            return
+        self._validated()[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self._end_time is not None:
+            logger.warning("Setting attribute on ended span.")
+            return
+        validated = self._validated()
+        for key, value in attributes.items():
+            validated[key] = value
+
+    def _validated(self) -> BoundedAttributes:
+        # Code other than the events API sets an attribute: from now on every value goes
+        # through the SDK's checks and limits (the events API's own are kept as they are).
+        attrs = self._attributes
+        if not isinstance(attrs, BoundedAttributes):
+            limits = self._limits
+            attrs = BoundedAttributes(limits.max_span_attributes, attrs, immutable=False,
+                                      max_value_len=limits.max_span_attribute_length)
+            self._attributes = attrs
+        return attrs
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:
+        if self._end_time is not None:
+            logger.warning("Tried calling add_event on an ended span.")
+            return
+        limits = self._limits
+        if len(self._events) >= limits.max_events:
+            return
+        attributes = BoundedAttributes(limits.max_event_attributes, attributes,
+                                       max_value_len=limits.max_attribute_length, immutable=True)
+        self._events.append(Event(name, attributes, timestamp if timestamp is not None else _now_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        if self._end_time is not None or not (context and (context.is_valid or attributes or context.trace_state)):
+            return
+        if len(self._links) >= self._limits.max_links:
+            return
+        attributes = BoundedAttributes(self._limits.max_link_attributes, attributes,
+                                       max_value_len=self._limits.max_attribute_length, immutable=True)
+        self._links = tuple(self._links) + (Link(context, attributes),)
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
+
+    def set_status(self, status: Any, description: Optional[str] = None) -> None:
+        if self._end_time is not None:
+            return
+        if isinstance(status, StatusCode):
+            status = Status(status, description)
+        if self._status.status_code is StatusCode.OK or status.status_code is StatusCode.UNSET:
+            return  # as the SDK: OK is final, UNSET changes nothing
+        self._status = status
+
+    def record_exception(
+        self, exception: BaseException, attributes: Any = None, timestamp: Optional[int] = None, escaped: bool = False
+    ) -> None:
+        module, qualname = type(exception).__module__, type(exception).__qualname__
+        attrs = {
+            "exception.type": f"{module}.{qualname}" if module and module != "builtins" else qualname,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            attrs.update(attributes)
+        self.add_event("exception", attrs, timestamp)
+
+    def end(self, end_time: Optional[int] = None) -> None:
+        with _END_LOCK:
+            if self._end_time is not None:
+                return
+            self._end_time = end_time if end_time is not None else _now_ns()
+        processor = self._processor
+        on_ending = getattr(processor, "_on_ending", None)  # SDK >= 1.39: before on_end, as Span.end() does
+        if on_ending is not None:
+            on_ending(self)
+        processor.on_end(self)  # ended: nothing changes it any more, so it is its own ReadableSpan
+
+    def __repr__(self) -> str:
+        return f'LeanSpan(name="{self._name}", context={self._context})'
+
+
+_supported: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def supports(tracer: Any) -> bool:
+    """Whether :func:`start` may give ``tracer``'s spans as lean spans: an SDK tracer
+    whose limits do not cut attribute values (the events API bounds its own texts)."""
+    try:
+        return _supported[tracer]
+    except (KeyError, TypeError):
+        pass
+    limits = getattr(tracer, "_span_limits", None)
+    ok = bool(
+        all(hasattr(tracer, name) for name in ("span_processor", "sampler", "id_generator", "resource",
+                                                 "_instrumentation_scope"))
+        and limits is not None
+        and limits.max_span_attribute_length is None
+        and (limits.max_span_attributes or 0) >= 64
+    )
+    try:
+        _supported[tracer] = ok
+    except TypeError:  # not weakly referable: decide again next time
+        pass
+    return ok
+
+
+def start(
+    tracer: Any,
+    name: str,
+    record: Any,
+    *,
+    context: Any = None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: Optional[Dict[str, Any]] = None,
+    links: Sequence[Link] = (),
+) -> Any:
+    """Start a :class:`LeanSpan` of ``tracer`` (see :func:`supports`) carrying ``record``
+    (``attributes`` is taken over, not copied: the caller builds it for this span), or a
+    ``NonRecordingSpan`` where the tracer is off or its sampler drops the span."""
+    is_enabled = getattr(tracer, "_is_enabled", None)
+    parent_span = trace_api.get_current_span(context)
+    parent = parent_span.get_span_context()
+    if is_enabled is not None and not is_enabled():
+        return trace_api.NonRecordingSpan(parent)
+    ids = tracer.id_generator
+    attributes = attributes if attributes is not None else {}
+    if type(parent_span) is LeanSpan and getattr(tracer.sampler, "follows_local_parent", False):
+        # the sampler would give the parent's decision (see otel_verl.sampling)
+        span_context = SpanContext(parent.trace_id, ids.generate_span_id(), False, parent.trace_flags,
+                                   parent.trace_state)
+        return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
+    if parent is None or not parent.is_valid:
+        parent = None
+        trace_id = ids.generate_trace_id()
+    else:
+        trace_id = parent.trace_id
+    result = tracer.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+    flags = _SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED
+    if _RANDOM_TRACE_ID and (ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id):
+        flags = TraceFlags(flags | _RANDOM_TRACE_ID)
+    span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
+    if not result.decision.is_recording():
+        return trace_api.NonRecordingSpan(span_context)
+    if result.attributes is not None and len(result.attributes) != len(attributes):
+        attributes = dict(result.attributes)  # a sampler that added attributes
+    return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
+
+
+def _started(tracer: Any, name: str, span_context: SpanContext, parent: Optional[SpanContext],
+             attributes: Dict[str, Any], kind: SpanKind, links: Sequence[Link], record: Any, context: Any) -> LeanSpan:
+    max_links = tracer._span_limits.max_links
+    if len(links) > max_links:
+        links = tuple(links)[:max_links]
+    span = LeanSpan(name, span_context, parent, attributes, kind, links, _now_ns(), tracer, record)
+    tracer.span_processor.on_start(span, parent_context=context)
+    return span
+
+
+def set_trusted(span: Any, key: str, value: Any) -> None:
+    """``span.set_attribute`` for a value the events API bounded (any span)."""
+    if type(span) is LeanSpan:
+        span.set_trusted(key, value)
+    else:
+        span.set_attribute(key, value)
+
+
+def emit_finished(
+    tracer: Any,
+    name: str,
+    record: Any,
+    parent: SpanContext,
+    attributes: Dict[str, Any],
+    links: Sequence[Link],
+    start_ns: int,
+    end_ns: int,
+) -> bool:
+    """Hand a span that is already over (start and end known: a batch stage reported per
+    uid) straight to the provider's span processors: thousands of them per training
+    step. Same ids, parent, sampling flag (the parent's, as ParentBased decides),
+    resource and scope as a span from the tracer. ``attributes`` must already be valid
+    OTel values within the limits (the events API bounds what it records). Returns False
+    where the tracer is not the SDK's: the caller then starts and ends a span as usual."""
+    processor = getattr(tracer, "span_processor", None)
+    if processor is None or not parent.is_valid:
+        return False
+    context = SpanContext(parent.trace_id, tracer.id_generator.generate_span_id(), False, parent.trace_flags,
+                          parent.trace_state)
+    span = ReadableSpan(
+        name,
+        context=context,
+        parent=parent,
+        resource=tracer.resource,
+        attributes=attributes,
+        links=links,
+        instrumentation_scope=getattr(tracer, "_instrumentation_scope", None),
+        start_time=start_ns,
+        end_time=end_ns,
+    )
+    setattr(span, RECORD_ATTR, record)
+    processor.on_start(span, parent_context=None)
+    on_ending = getattr(processor, "_on_ending", None)
+    if on_ending is not None:
+        on_ending(span)
+    processor.on_end(span)
+    return True

@@ -1,0 +1,287 @@
+"""Lean spans (otel_verl.lean_span) against the SDK's own spans: the same ids, parent,
+sampling, attributes, status, events and processor calls; the SDK's validation for code
+other than the events API; the SDK's span wherever a lean one would not be equivalent.
+Also the pieces that keep the rollout worker's per-trajectory cost down: processor
+routing by record kind, text hand-offs to the writer, the carrier context cache and the
+tokenizer's text decoder."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+
+from otel_verl import carriers, lean_span
+from otel_verl.record import SpanRecord, record_of, start_span
+from otel_verl.sampling import IsolatingSpanProcessor, record_dropped_samples
+from otel_verl.semconv import Kind
+
+
+class Recorder(SpanProcessor):
+    """Every on_start / on_end call, with the record on_start could read."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def on_start(self, span, parent_context=None):
+        record = record_of(span)
+        self.calls.append(("start", span.name, record.kind if record else None))
+
+    def on_end(self, span):
+        self.calls.append(("end", span.name, dict(span.attributes)))
+
+
+def _provider(sampler=None, limits=None, processors=()):
+    exporter = InMemorySpanExporter()
+    kwargs = {"resource": Resource.create({"service.name": "verl"}), "sampler": sampler or record_dropped_samples(ALWAYS_ON)}
+    if limits is not None:
+        kwargs["span_limits"] = limits
+    provider = TracerProvider(**kwargs)
+    for p in processors:
+        provider.add_span_processor(p)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, provider.get_tracer("otel_verl", "1.0"), exporter
+
+
+def _remote_parent(sampled=True):
+    ctx = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT))
+    return trace.set_span_in_context(NonRecordingSpan(ctx))
+
+
+def _fields(span):
+    return (span.name, span.kind, dict(span.attributes), span.status.status_code, span.status.description,
+            span.resource, span.instrumentation_scope, [(e.name, dict(e.attributes)) for e in span.events],
+            [link.context for link in span.links], span.parent.span_id if span.parent else None,
+            span.context.trace_id, span.context.trace_flags, span.context.is_remote)
+
+
+def test_a_lean_span_exports_what_the_sdk_span_exports():
+    provider, tracer, exporter = _provider()
+    assert lean_span.supports(tracer)
+    link = Link(SpanContext(0x1, 0x2, False, TraceFlags(1)))
+
+    def run(start):
+        span = start()
+        span.add_event("retry", {"n": 1})
+        span.set_status(StatusCode.ERROR, "boom")
+        span.set_attribute("after", 2)
+        span.end()
+        return span
+
+    lean = run(lambda: lean_span.start(tracer, "chat m", SpanRecord(Kind.LLM_CALL), context=_remote_parent(),
+                                       kind=SpanKind.CLIENT, attributes={"a": "x", "n": 3}, links=[link]))
+    sdk = run(lambda: tracer.start_span("chat m", context=_remote_parent(), kind=SpanKind.CLIENT,
+                                        attributes={"a": "x", "n": 3}, links=[link]))
+    assert isinstance(lean, lean_span.LeanSpan) and not isinstance(sdk, lean_span.LeanSpan)
+    got = exporter.get_finished_spans()
+    assert len(got) == 2
+    assert _fields(got[0]) == _fields(got[1])
+    assert got[0].start_time <= got[0].end_time
+    provider.shutdown()
+
+
+def test_the_record_is_readable_from_on_start_and_each_span_ends_once(caplog):
+    recorder = Recorder()
+    provider, tracer, exporter = _provider(processors=[recorder])
+    span = start_span(tracer, "invoke_agent a", Kind.TRAJECTORY, None, context=_remote_parent(), attributes={"k": 1})
+    child = start_span(tracer, "chat m", Kind.LLM_CALL, None, context=trace.set_span_in_context(span))
+    assert child.parent.span_id == span.get_span_context().span_id
+    child.end()
+    lean_span.set_trusted(span, "verl.num_turns", 1)
+    span.end()
+    span.end()  # a second end changes nothing
+    with caplog.at_level(logging.WARNING, logger="otel_verl"):
+        span.set_attribute("late", 1)
+    lean_span.set_trusted(span, "late", 1)
+    assert recorder.calls == [
+        ("start", "invoke_agent a", Kind.TRAJECTORY),
+        ("start", "chat m", Kind.LLM_CALL),
+        ("end", "chat m", {}),
+        ("end", "invoke_agent a", {"k": 1, "verl.num_turns": 1}),
+    ]
+    assert "ended span" in caplog.text
+    assert [s.name for s in exporter.get_finished_spans()] == ["chat m", "invoke_agent a"]
+    provider.shutdown()
+
+
+def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
+    provider, tracer, exporter = _provider(limits=SpanLimits(max_span_attributes=64))
+
+    def run(span):
+        span.set_attribute("object", object())  # not an attribute value
+        span.set_attribute("none", None)
+        span.set_attribute("list", [1, 2])  # kept as a tuple
+        span.set_attributes({"x": True, "mixed": [1, "x"], "map": {"a": 1}})
+        for i in range(70):  # the count limit holds for every setter
+            lean_span.set_trusted(span, f"t{i}", i)
+        span.end()
+
+    run(lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"ours": "kept"}))
+    run(tracer.start_span("s", attributes={"ours": "kept"}))
+    lean, sdk = (dict(s.attributes) for s in exporter.get_finished_spans())
+    assert lean == sdk  # the same values kept, converted and evicted (oldest first at the limit)
+    assert len(lean) == 64 and lean["t69"] == 69
+    provider.shutdown()
+
+
+def test_limits_that_cut_values_or_a_non_sdk_tracer_get_the_tracers_own_spans():
+    provider, tracer, _ = _provider(limits=SpanLimits(max_attribute_length=8))
+    assert not lean_span.supports(tracer)
+    span = start_span(tracer, "s", Kind.TOOL, None, attributes={"text": "0123456789abc"})
+    assert not isinstance(span, lean_span.LeanSpan)
+    span.end()
+    assert not lean_span.supports(trace.NoOpTracer())
+    assert not isinstance(start_span(trace.NoOpTracer(), "s", Kind.TOOL), lean_span.LeanSpan)
+    provider.shutdown()
+
+
+class DropChat(Sampler):
+    """A sampler that decides by span name (it must be asked for every span)."""
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        decision = Decision.DROP if name.startswith("chat") else Decision.RECORD_AND_SAMPLE
+        return SamplingResult(decision, attributes)
+
+    def get_description(self):
+        return "DropChat"
+
+
+@pytest.mark.parametrize("inner, parent_sampled, child_sampled", [
+    (ParentBased(ALWAYS_ON), False, False),
+    (ParentBased(ALWAYS_ON), True, True),
+    (TraceIdRatioBased(1.0), True, True),
+    (DropChat(), True, False),
+])
+def test_sampling_decisions_match_the_sdk(inner, parent_sampled, child_sampled):
+    sampler = record_dropped_samples(inner)
+    assert sampler.follows_local_parent is not isinstance(inner, DropChat)
+    provider, tracer, _ = _provider(sampler=sampler)
+    flags = []
+    for make in (lambda name, ctx: lean_span.start(tracer, name, SpanRecord(Kind.TOOL), context=ctx),
+                 lambda name, ctx: tracer.start_span(name, context=ctx)):
+        parent = make("invoke_agent a", _remote_parent(parent_sampled))
+        child = make("chat m", trace.set_span_in_context(parent))
+        assert child.is_recording()  # RecordDroppedSamples: dropped spans are still recorded
+        assert child.get_span_context().trace_flags.sampled is child_sampled
+        assert child.get_span_context().trace_id == parent.get_span_context().trace_id
+        flags.append((parent.get_span_context().trace_flags, child.get_span_context().trace_flags))
+        child.end()
+        parent.end()
+    assert flags[0] == flags[1]  # lean == SDK
+    provider.shutdown()
+
+
+def test_exceptions_become_events_and_ok_is_final():
+    provider, tracer, exporter = _provider()
+    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL))
+    try:
+        raise ValueError("no")
+    except ValueError as exc:
+        span.record_exception(exc)
+    span.set_status(trace.Status(StatusCode.OK))
+    span.set_status(StatusCode.ERROR, "late")
+    span.update_name("renamed")
+    span.end()
+    [got] = exporter.get_finished_spans()
+    assert got.name == "renamed" and got.status.status_code is StatusCode.OK
+    [event] = got.events
+    assert event.name == "exception" and event.attributes["exception.type"] == "ValueError"
+    assert "ValueError: no" in event.attributes["exception.stacktrace"]
+    provider.shutdown()
+
+
+# --------------------------------------------------------------------------- routing by kind
+
+
+class Counting(SpanProcessor):
+    def __init__(self, starts=None, ends=None) -> None:
+        if starts is not None:
+            self.on_start_kinds = starts
+        if ends is not None:
+            self.on_end_kinds = ends
+        self.seen = []
+
+    def on_start(self, span, parent_context=None):
+        self.seen.append(("start", span.name))
+
+    def on_end(self, span):
+        self.seen.append(("end", span.name))
+
+
+def test_processors_see_only_the_kinds_they_ask_for():
+    only_trajectories = Counting(starts=frozenset(), ends=frozenset({Kind.TRAJECTORY}))
+    everything = Counting()
+    processor = IsolatingSpanProcessor()
+    provider = TracerProvider(active_span_processor=processor)
+    provider.add_span_processor(only_trajectories)
+    provider.add_span_processor(everything)
+    tracer = provider.get_tracer("otel_verl")
+    traj = start_span(tracer, "traj", Kind.TRAJECTORY)
+    start_span(tracer, "chat", Kind.LLM_CALL, context=trace.set_span_in_context(traj)).end()
+    traj.end()
+    tracer.start_span("foreign").end()  # no record: only processors that want every span
+    assert only_trajectories.seen == [("end", "traj")]
+    assert everything.seen == [("start", "traj"), ("start", "chat"), ("end", "chat"), ("end", "traj"),
+                               ("start", "foreign"), ("end", "foreign")]
+    provider.shutdown()
+
+
+# --------------------------------------------------------------------------- hand-offs and caches
+
+
+def test_text_jobs_and_render_jobs_share_the_writer(tmp_path):
+    from otel_verl.exporters._writer import BackgroundWriter
+
+    writer = BackgroundWriter("test")
+    path = str(tmp_path / "out" / "f.log")
+    assert writer.submit_text(path, "a\n", 1)
+    assert writer.submit(lambda: [(path, "b\nc\n")], 2)
+    assert writer.submit_text(path, "d\n", 1)
+    assert writer.flush(10)
+    assert open(path).read() == "a\nb\nc\nd\n"
+    assert writer.written_lines == 4 and writer.dropped_lines == 0
+    writer.close()
+    assert not writer.submit_text(path, "e\n", 1) and writer.dropped_lines == 1
+
+
+def test_carrier_contexts_are_parsed_once_per_header_pair():
+    headers = {"traceparent": "00-0000000000000000000000000000abcd-00000000000000ef-01"}
+    first = carriers.context_from(dict(headers))
+    assert carriers.context_from(dict(headers)) is first
+    ctx = trace.get_current_span(first).get_span_context()
+    assert (ctx.trace_id, ctx.span_id, ctx.is_remote, ctx.trace_flags.sampled) == (0xABCD, 0xEF, True, True)
+    with_state = carriers.context_from({**headers, "tracestate": "k=v"})
+    assert with_state is not first
+    assert trace.get_current_span(with_state).get_span_context().trace_state.get("k") == "v"
+    assert carriers.context_from({"traceparent": "00-bad"}) is None
+    assert carriers.context_from({**headers, "baggage": "a=b"}) is first  # the trace context is the pair
+    assert isinstance(carriers.context_from(headers), otel_context.Context)
+
+
+def test_the_text_decoder_gives_what_tokenizer_decode_gives():
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.instrumentation._tokenizer import text_decoder
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    decode = text_decoder(tokenizer)
+    assert decode is not tokenizer.decode and text_decoder(tokenizer) is decode  # chosen once
+    ids = tokenizer.encode("Hello, world! 12 + 30 = 42", add_special_tokens=False)
+    for sample in (ids, ids[:3], [], np.array(ids), tuple(ids)):
+        for skip in (False, True):
+            assert decode(sample, skip_special_tokens=skip) == tokenizer.decode(sample, skip_special_tokens=skip)
+    assert text_decoder(None) is None
+
+    tokenizer.clean_up_tokenization_spaces = True  # a clean-up to do: decode is used as it is
+    tokenizer.__dict__.pop("_otel_verl_text_decoder", None)
+    assert text_decoder(tokenizer) == tokenizer.decode
