@@ -62,6 +62,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         start_time: int,
         tracer: Any,
         record: Any,
+        dropped_links: int = 0,
     ) -> None:
         ReadableSpan.__init__(
             self, name, context=context, parent=parent, resource=tracer.resource, attributes=attributes,
@@ -70,7 +71,17 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         )
         self._limits = tracer._span_limits
         self._processor = tracer.span_processor
+        self._dropped_events = 0
+        self._dropped_links = dropped_links
         setattr(self, RECORD_ATTR, record)
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped_events
+
+    @property
+    def dropped_links(self) -> int:
+        return self._dropped_links
 
     # ------------------------------------------------------------------ the events API's side
 
@@ -124,6 +135,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             return
         limits = self._limits
         if len(self._events) >= limits.max_events:
+            self._dropped_events += 1  # keeps the first ones (the SDK: the last), counted alike
             return
         attributes = BoundedAttributes(limits.max_event_attributes, attributes,
                                        max_value_len=limits.max_attribute_length, immutable=True)
@@ -133,6 +145,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None or not (context and (context.is_valid or attributes or context.trace_state)):
             return
         if len(self._links) >= self._limits.max_links:
+            self._dropped_links += 1
             return
         attributes = BoundedAttributes(self._limits.max_link_attributes, attributes,
                                        max_value_len=self._limits.max_attribute_length, immutable=True)
@@ -249,10 +262,11 @@ def start(
 
 def _started(tracer: Any, name: str, span_context: SpanContext, parent: Optional[SpanContext],
              attributes: Dict[str, Any], kind: SpanKind, links: Sequence[Link], record: Any, context: Any) -> LeanSpan:
-    max_links = tracer._span_limits.max_links
+    max_links, dropped_links = tracer._span_limits.max_links, 0
     if len(links) > max_links:
+        dropped_links = len(links) - max_links  # the first ones kept (the SDK: the last), counted alike
         links = tuple(links)[:max_links]
-    span = LeanSpan(name, span_context, parent, attributes, kind, links, _now_ns(), tracer, record)
+    span = LeanSpan(name, span_context, parent, attributes, kind, links, _now_ns(), tracer, record, dropped_links)
     tracer.span_processor.on_start(span, parent_context=context)
     return span
 

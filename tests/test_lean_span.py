@@ -179,6 +179,20 @@ def test_sampling_decisions_match_the_sdk(inner, parent_sampled, child_sampled):
     provider.shutdown()
 
 
+def test_events_and_links_past_the_limits_are_counted():
+    provider, tracer, exporter = _provider(limits=SpanLimits(max_events=2, max_links=1))
+    links = [Link(SpanContext(0x1, i, False, TraceFlags(1))) for i in (1, 2, 3)]
+    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), links=links)
+    for i in range(3):
+        span.add_event(f"e{i}")
+    span.add_link(SpanContext(0x1, 4, False, TraceFlags(1)))
+    span.end()
+    [got] = exporter.get_finished_spans()
+    assert [e.name for e in got.events] == ["e0", "e1"] and got.dropped_events == 1
+    assert [link.context.span_id for link in got.links] == [1] and got.dropped_links == 3
+    provider.shutdown()
+
+
 def test_exceptions_become_events_and_ok_is_final():
     provider, tracer, exporter = _provider()
     span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL))
