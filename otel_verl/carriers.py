@@ -15,7 +15,6 @@ runtime env lost the job's setup hook still starts tracing on the first traced d
 from __future__ import annotations
 
 import functools
-
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence

@@ -293,24 +293,3 @@ class SpanScope:
 
     def _ended(self, error: Optional[BaseException]) -> None:
         """After the span ended."""
-
-
-def _run_in_span(span: Any, value: Any = None) -> Iterator[Any]:
-    """Body of a span's context manager (used with ``yield from``): yields ``value`` once,
-    then ends the span, marking it failed when the caller's code raised (and re-raising
-    that exception untouched)."""
-    try:
-        yield value
-    except BaseException as exc:
-        if span is not None:
-            try:
-                _end(span, error=exc)
-            except Exception as inner:
-                health.record_failure("events.end_span", inner)
-        raise
-    else:
-        if span is not None:
-            try:
-                span.end()
-            except Exception as inner:
-                health.record_failure("events.end_span", inner)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, ContextManager, Dict, Mapping, Optional
 
 from opentelemetry.trace import SpanKind
 
@@ -15,9 +14,7 @@ from otel_verl.events import _core
 from otel_verl.events._core import (
     _text,
     _start_guarded,
-    current_span_scope,
-    _set,
-    _run_in_span,
+    SpanScope,
 )
 
 
@@ -44,16 +41,13 @@ class ServerCall:
 _current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)
 
 
-@contextlib.contextmanager
-def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> Iterator[ServerCall]:
+def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> ContextManager[ServerCall]:
     """The server side of one generate call, parented to the worker's turn span."""
     rt = _core._runtime
     parent = carriers.context_from(headers) if headers else None
     if rt is None or parent is None:
         call = ServerCall(None, headers)
-        with _set(_current_server_call, call):
-            yield call
-        return
+        return SpanScope(None, call, _current_server_call, call)
     span = _start_guarded(
         sc.SPAN_LLM_SERVER,
         Kind.LLM_SERVER,
@@ -62,8 +56,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         kind=SpanKind.SERVER,
     )
     call = ServerCall(span, headers)
-    with current_span_scope(span), _set(_current_server_call, call):
-        yield from _run_in_span(span, call)
+    return SpanScope(span, call, _current_server_call, call)
 
 
 def current_server_call() -> Optional[ServerCall]:
