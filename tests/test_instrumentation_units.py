@@ -133,3 +133,18 @@ def test_wrappers_step_aside_while_tracing_is_off(make_pipeline, monkeypatch):
     finally:
         hooks.uninstall_all()
         del sys.modules["fake_gated_mod"]
+
+
+def test_the_end_of_fit_never_raises_into_verl():
+    from otel_verl import health
+    from otel_verl.instrumentation import _trainer
+
+    def no_actors(trainer):
+        raise AttributeError("a manager verl renamed")
+
+    wrapper = _trainer.fit_wrapper("T", no_actors)
+    try:
+        assert wrapper(lambda: 42, object(), (), {}) == 42
+    finally:
+        _trainer.current.bind(None, "")
+    assert "fit_end" in str(health.snapshot()["failures"])

@@ -2,8 +2,9 @@
 sampling, attributes, status, events and processor calls; the SDK's validation for code
 other than the events API; the SDK's span wherever a lean one would not be equivalent.
 Also the pieces that keep the rollout worker's per-trajectory cost down: processor
-routing by record kind, text hand-offs to the writer, the carrier context cache and the
-tokenizer's text decoder."""
+routing by record kind, text hand-offs to the writer, the carrier context cache, the
+tokenizer's text decoder, and the worker's ``with`` blocks ending their span whatever
+fails before."""
 
 from __future__ import annotations
 
@@ -299,3 +300,19 @@ def test_the_text_decoder_gives_what_tokenizer_decode_gives():
     tokenizer.clean_up_tokenization_spaces = True  # a clean-up to do: decode is used as it is
     tokenizer.__dict__.pop("_otel_verl_text_decoder", None)
     assert text_decoder(tokenizer) == tokenizer.decode
+
+
+def test_a_scope_that_fails_before_its_end_still_ends_the_span(make_pipeline, monkeypatch):
+    from otel_verl import events, health
+    from otel_verl.events import worker
+
+    pipeline = make_pipeline()
+
+    def broken(self, error):
+        raise RuntimeError("bookkeeping failed")
+
+    monkeypatch.setattr(worker._TrajectoryScope, "_ending", broken)
+    with events.trajectory("u1", "0", step=1, agent_name="a"):
+        pass
+    assert [s.name for s in pipeline.spans()] == ["invoke_agent a"]
+    assert "events.span_ending" in str(health.snapshot()["failures"])

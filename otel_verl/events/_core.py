@@ -271,11 +271,17 @@ class SpanScope:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         try:
             self._ending(exc)
-            if self.span is not None:
+        except Exception as inner:  # the span still ends
+            health.record_failure("events.span_ending", inner)
+        if self.span is not None:
+            try:
                 _end(self.span, error=exc)
+            except Exception as inner:
+                health.record_failure("events.end_span", inner)
+        try:
             self._ended(exc)
         except Exception as inner:
-            health.record_failure("events.end_span", inner)
+            health.record_failure("events.span_ended", inner)
         if self._var_token is not None:
             try:
                 self._var.reset(self._var_token)

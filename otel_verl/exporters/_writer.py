@@ -1,11 +1,13 @@
 """Appending whole lines to files from a background thread, without blocking the caller.
 
 Every legacy output shares this writer. The caller (a span processor running on the
-training thread or the agent loop's event loop) hands over a *render* callable and the
-number of lines it stands for; formatting and file I/O happen on the writer thread.
+training thread or the agent loop's event loop) hands over either a *render* callable
+(formatting then happens on the writer thread: a batch stage's 16k rows) or ready text
+(``submit_text``: a few lines), with the number of lines it stands for; file I/O always
+happens on the writer thread.
 
 Guarantees:
-- ``submit`` never blocks and never raises. When more than ``max_pending_lines`` are
+- ``submit`` / ``submit_text`` never block and never raise. When more than ``max_pending_lines`` are
   waiting, the new job is refused and its lines are counted as dropped.
 - Files only ever hold whole lines: each file's text is written with ``O_APPEND`` in as
   few ``write`` calls as possible; a write that fails part-way (disk full, file-size
@@ -257,6 +259,10 @@ class BackgroundWriter:
     def _close_fds(self) -> None:
         for path in list(self._fds):
             self._forget_fd(path)
+
+    def count_unformatted(self, n_lines: int) -> None:
+        """Lines the caller could not format for ``submit_text``: lost, so counted."""
+        self._count_dropped(n_lines, "could not format")
 
     def _count_dropped(self, n_lines: int, reason: str) -> None:
         self.dropped_lines += n_lines

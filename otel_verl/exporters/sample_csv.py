@@ -474,7 +474,12 @@ class SampleCsvProcessor(SpanProcessor):
         if n_rows > _RENDER_NOW_MAX_ROWS:  # a batch stage: its rows are made on the writer thread
             self.writer.submit(functools.partial(self._render, groups), n_rows)
             return
-        path, text = self._render(groups)[0]
+        try:
+            path, text = self._render(groups)[0]
+        except Exception as exc:
+            health.record_failure("sample_csv.render", exc)
+            self.writer.count_unformatted(n_rows)
+            return
         self.writer.submit_text(path, text, n_rows)
 
     def _render(self, groups: List[_Rows]) -> List[tuple]:

@@ -79,9 +79,12 @@ def fit_wrapper(
         try:
             return wrapped(*args, **kwargs)
         finally:
-            if before_end is not None:
-                before_end()
-            fit_finished(actors_of(instance))
+            try:  # never replaces fit's own result or exception
+                if before_end is not None:
+                    before_end()
+                fit_finished(actors_of(instance))
+            except Exception as exc:
+                health.record_failure(f"{COMPONENT}.{name}.fit_end", exc)
 
     return wrapper
 

@@ -33,7 +33,6 @@ COMPONENT = "trainer_v0"
 TRAJ_UID_COLUMN = "traj_uid"
 
 
-
 def _worker_actors(trainer: Any) -> List[Any]:
     """The actors whose spans the end of training must not lose: agent loop workers,
     reward workers and LLM servers (attribute names from verl 0.9.1's ray_trainer)."""
