@@ -15,6 +15,7 @@ runtime env lost the job's setup hook still starts tracing on the first traced d
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
@@ -95,6 +96,15 @@ def _note_arrival(uid: str, carrier: TraceCarrier) -> None:
         _arrived[uid] = carrier
         while len(_arrived) > ARRIVED_LIMIT:
             _arrived.popitem(last=False)
+
+
+def _new_arrivals_lock_in_child() -> None:
+    global _arrived_lock
+    _arrived_lock = threading.Lock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_arrivals_lock_in_child)
 
 
 def take_arrived(uid: Any) -> Optional[TraceCarrier]:

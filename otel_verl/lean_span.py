@@ -24,10 +24,12 @@ uid) without the live-span part at all.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
 import weakref
+from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from opentelemetry import trace as trace_api
@@ -46,6 +48,15 @@ _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # SDK >= 1.39
 # trainer thread and by the registry's bound): one lock for all spans, held for a check.
 _END_LOCK = threading.Lock()
 _now_ns = time.time_ns  # the span clock (tests set it)
+
+
+def _new_end_lock_in_child() -> None:
+    global _END_LOCK
+    _END_LOCK = threading.Lock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_end_lock_in_child)
 
 
 class LeanSpan(trace_api.Span, ReadableSpan):
@@ -73,7 +84,17 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._processor = tracer.span_processor
         self._dropped_events = 0
         self._dropped_links = dropped_links
+        self._attributes_view: Optional[Mapping[str, Any]] = None
         setattr(self, RECORD_ATTR, record)
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        # A live read-only view made once: every span processor reads it, and the SDK's
+        # ReadableSpan makes a new one for each read.
+        view = self._attributes_view
+        if view is None:
+            view = self._attributes_view = MappingProxyType(self._attributes)
+        return view
 
     @property
     def dropped_events(self) -> int:
@@ -127,6 +148,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             attrs = BoundedAttributes(limits.max_span_attributes, attrs, immutable=False,
                                       max_value_len=limits.max_span_attribute_length)
             self._attributes = attrs
+            self._attributes_view = None
         return attrs
 
     def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:

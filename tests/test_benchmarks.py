@@ -81,3 +81,37 @@ def test_sustained_memory_and_disabled_sections(ci_run):
     assert sustained["outputs"]["csv_rows"] == sustained["expected"]["csv_rows"]
     assert result["memory"]["steps"] >= 3 and math.isfinite(result["memory"]["growth_mb"])
     assert result["disabled"] and all(math.isfinite(v) for v in result["disabled"].values())
+
+
+def test_worker_overhead_seed_replay_writes_the_seeds_outputs(tmp_path, monkeypatch):
+    """bench_worker_overhead's in-process seed row runs the seed's hooks for real: every
+    trajectory leaves its CSV rows, its JSONL line and its Task line; the bare baseline
+    writes nothing."""
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import bench_seed_comparison
+    import bench_worker_overhead as bench
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    trajectories, turns = 8, 2
+    bench._seed_micro_workload(trajectories, turns, tokenizer, None)  # bare: nothing to write
+    replay = bench_seed_comparison.Seed(str(tmp_path / "seed"))
+    replay.step = 1
+    bench._seed_micro_workload(trajectories, turns, tokenizer, replay)
+    replay.flush()
+    replay.close()
+
+    def lines(sub):
+        root = tmp_path / "seed" / sub
+        return [line for path in sorted(root.iterdir()) for line in path.read_text().splitlines()]
+
+    rows = lines("sample")
+    # per trajectory: agent_task_started, two LLM_GENERATE rows a turn, the reward, agent_run_completed
+    assert len(rows) == trajectories * (3 + 2 * turns)
+    jsonl = [json.loads(line) for line in lines("trajectory")]
+    assert len(jsonl) == trajectories
+    assert all(len(json.loads(t["raw_message"])["turns"]) == turns for t in jsonl)
+    assert sum(line.startswith("Task ") for line in lines("progress")) == trajectories

@@ -133,6 +133,20 @@ def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
     provider.shutdown()
 
 
+def test_attributes_are_a_read_only_view_that_follows_every_setter():
+    provider, tracer, _ = _provider()
+    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"a": 1})
+    view = span.attributes
+    with pytest.raises(TypeError):
+        view["a"] = 2  # read-only, as the SDK's ReadableSpan.attributes
+    lean_span.set_trusted(span, "b", 2)
+    assert dict(view) == {"a": 1, "b": 2} and span.attributes is view  # made once, live
+    span.set_attribute("c", [1, 2])  # other code: the SDK's validated mapping from now on
+    assert dict(span.attributes) == {"a": 1, "b": 2, "c": (1, 2)}
+    span.end()
+    provider.shutdown()
+
+
 def test_limits_that_cut_values_or_a_non_sdk_tracer_get_the_tracers_own_spans():
     provider, tracer, _ = _provider(limits=SpanLimits(max_attribute_length=8))
     assert not lean_span.supports(tracer)
@@ -316,3 +330,28 @@ def test_a_scope_that_fails_before_its_end_still_ends_the_span(make_pipeline, mo
         pass
     assert [s.name for s in pipeline.spans()] == ["invoke_agent a"]
     assert "events.span_ending" in str(health.snapshot()["failures"])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_gets_fresh_locks_for_span_ends_and_carrier_arrivals():
+    """A lock another thread held at fork time is never released in the child: the child
+    must not take the parent's (it would hang on its first span end / carrier lookup)."""
+    import os
+    import signal
+
+    provider, tracer, _ = _provider()
+    with lean_span._END_LOCK, carriers._arrived_lock:  # held (by this thread) at fork time
+        pid = os.fork()
+        if pid == 0:  # child: must not block; leave without pytest's teardown
+            signal.alarm(10)
+            code = 1
+            try:
+                span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={})
+                span.end()
+                carriers.take_arrived("u")
+                code = 0
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    provider.shutdown()

@@ -190,6 +190,11 @@ def test_fast_rendering_equals_csv_writer(job_id, uid):
     groups = [
         _Rows(uid, ["0", "17", "N/A", "*", "x,y", "²"], "A", "B", "TRAIN_UPDATE", 4, 'tool_executed_name=a,"b"', T0_NS),
         _Rows(uid, ("N/A",), "DataLoader", "T", "DATA_PREPROCESS", None, "", T0_NS + 1),
+        # one row (a rollout worker's events): its own concatenation
+        _Rows(uid, ("3",), "SingleTurnAgentLoop", "RolloutReplica", "LLM_GENERATE", None, "sending_generate_request",
+              T0_NS + 2),
+        _Rows(uid, ["12"], "Tool", "ToolAgentLoop", "AGENT_TOOL", None, 'tool_executed_name=a,"b"', T0_NS + 3),
+        _Rows(uid, (7,), "AgentLoopWorker", "AgentLoop(x)", "AGENT_LOOP", 2, "agent_task_started", T0_NS + 4),
     ]
     expected = io.StringIO()
     writer = csv.writer(expected)

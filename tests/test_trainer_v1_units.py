@@ -121,7 +121,7 @@ def test_evicted_filtered_cleared_and_never_consumed_samples_say_so(make_pipelin
 
     trainer_v1._kv_clear(kv_clear, None, (), {"keys": ["u3", "u4_0_0", "u4_1_0"], "partition_id": "train"})
     trainer_v1._kv_clear(kv_clear, None, (), {"keys": ["u5_0_0"], "partition_id": "val"})  # validation: ignored
-    events.end_samples_before(1 << 62, Outcome.NOT_CONSUMED)  # what fit's end does
+    events.end_unconsumed_samples(Outcome.NOT_CONSUMED)  # what fit's end does
 
     assert _outcomes(pipeline) == {
         "u0": ("evicted", "stale"),

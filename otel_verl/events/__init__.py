@@ -51,6 +51,7 @@ from otel_verl.events.trainer import (
     current_step,
     end_open_samples,
     end_samples_before,
+    end_unconsumed_samples,
     fit_started,
     open_sample_count,
     rollout_dispatched,

@@ -144,6 +144,10 @@ class _SampleRegistry:
         with self._lock:
             return [uid for uid, entry in self._open.items() if entry.step < step]
 
+    def uids(self) -> List[str]:
+        with self._lock:
+            return list(self._open)
+
     def drain(self) -> List[_SampleEntry]:
         with self._lock:
             entries = list(self._open.values())

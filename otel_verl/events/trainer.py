@@ -293,6 +293,18 @@ def end_samples_before(step: int, outcome: "Outcome | str") -> int:
     return len(stale)
 
 
+@health.guarded(default=0)
+def end_unconsumed_samples(outcome: "Outcome | str" = Outcome.NOT_CONSUMED) -> int:
+    """End every open sample root, whatever its step (prompts prefetched for steps that
+    never ran); the step and its stages stay as they are."""
+    rt = _core._runtime
+    if rt is None:
+        return 0
+    uids = rt.samples.uids()
+    samples_finished(uids, outcome)
+    return len(uids)
+
+
 def _sample_parent(rt: _Runtime, uid: str, *, prefer_rollout: bool = False) -> otel_context.Context:
     entry = rt.samples.get(uid)
     if entry is not None:

@@ -38,6 +38,17 @@ NO_TRAJ = "N/A"  # a row about a prompt, not one of its trajectories
 DEFAULT_TRAINER = "RayPPOTrainer"
 V1_TRAINER = "PPOTrainerV1"
 _COMPLETE_STAGES = frozenset({"TRAIN_UPDATE", "FILTER_TRAJECTORIES"})
+_pid = os.getpid()  # kept current by a fork hook: os.getpid() is a system call per row
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refresh_pid)
+
 # An event of at most this many rows (a rollout worker's: one row) is made into text on
 # the caller's thread, so nothing of it waits for the writer thread but the text.
 _RENDER_NOW_MAX_ROWS = 16
@@ -73,12 +84,7 @@ class _Rows:
         self.ts_ns = ts_ns
 
     def content(self) -> str:
-        parts = [f"from={self.source}", f"to={self.target}", f"stage={self.stage}"]
-        if self.step is not None:
-            parts.append(f"global_step={self.step}")
-        if self.detail:
-            parts.append(f"detail={self.detail}")
-        return "|".join(parts)
+        return _content(self.source, self.target, self.stage, self.step, self.detail)
 
     def flow_trace_lines(self) -> List[str]:
         """The seed's opt-in ``[FLOW_TRACE]`` stdout lines for these rows."""
@@ -89,6 +95,17 @@ class _Rows:
         if self.detail:
             tail += f" | detail={self.detail}"
         return [f"[FLOW_TRACE] {iso} | uid={self.uid} | traj_uid={traj} | {tail}" for traj in self.trajs]
+
+
+@functools.lru_cache(maxsize=256)
+def _content(source: str, target: str, stage: str, step: Optional[int], detail: str) -> str:
+    """The ``content`` cell. Cached: a worker's rows repeat a handful of them."""
+    parts = [f"from={source}", f"to={target}", f"stage={stage}"]
+    if step is not None:
+        parts.append(f"global_step={step}")
+    if detail:
+        parts.append(f"detail={detail}")
+    return "|".join(parts)
 
 
 def sample_id(uid: str, traj: Any) -> str:
@@ -131,6 +148,12 @@ def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
         ts_ms = rows.ts_ns // 1_000_000
         content = rows.content()
         uid = rows.uid
+        trajs = rows.trajs
+        if len(trajs) == 1 and not _needs_quoting(uid) and not _needs_quoting(content):
+            # one row (every rollout worker event): a single concatenation
+            traj = str(trajs[0])
+            out.append(f"{head}{uid}/{traj if traj.isdigit() else 'sample'},{status},{ts_ms},{content}\r\n")
+            continue
         if _needs_quoting(uid):
             out.extend(csv_line((job_id, "sample", sample_id(uid, t), status, ts_ms, content)) for t in rows.trajs)
             continue
@@ -423,8 +446,8 @@ class SampleCsvProcessor(SpanProcessor):
 
     @property
     def path(self) -> str:
-        """This process's CSV file (the pid is read now: a forked child writes its own)."""
-        pid = os.getpid()
+        """This process's CSV file (a forked child writes its own)."""
+        pid = _pid
         if self._path_pid != pid:
             self._path = os.path.join(self.directory, f"{self._hostname}-pid{pid}.csv")
             self._path_pid = pid
@@ -468,7 +491,7 @@ class SampleCsvProcessor(SpanProcessor):
     # ------------------------------------------------------------------ writer side
 
     def _submit(self, groups: List[_Rows]) -> None:
-        n_rows = sum(len(rows.trajs) for rows in groups)
+        n_rows = len(groups[0].trajs) if len(groups) == 1 else sum(len(rows.trajs) for rows in groups)
         if not n_rows:
             return
         if n_rows > _RENDER_NOW_MAX_ROWS:  # a batch stage: its rows are made on the writer thread

@@ -90,7 +90,7 @@ def _worker_actors(trainer: Any) -> List[Any]:
 def _end_unconsumed_samples() -> None:
     # Prompts prefetched for steps that never ran (async warm-up, the last step's refill)
     # were never consumed: their roots end saying so.
-    events.end_samples_before(1 << 62, Outcome.NOT_CONSUMED)
+    events.end_unconsumed_samples(Outcome.NOT_CONSUMED)
 
 
 def _marked_timer(wrapped, instance, args, kwargs):
