@@ -97,6 +97,14 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         return view
 
     @property
+    def dropped_attributes(self) -> int:
+        # the SDK's asks isinstance(..., BoundedAttributes), an ABC check, per read (the
+        # OTLP encoding reads it for every span); ours is a plain dict until other code
+        # sets an attribute
+        attrs = self._attributes
+        return 0 if type(attrs) is dict else attrs.dropped
+
+    @property
     def dropped_events(self) -> int:
         return self._dropped_events
 

@@ -69,8 +69,10 @@ def test_every_uid_is_one_trace_prompt_task_and_sessions_from_the_worker(demo):
             assert session["attributes"]["verl.agent_loop.class"] == "ToolAgentLoop"
             chats = children(trace, session, "chat ")
             assert len(chats) >= 2  # tool call turn + answer turn (a resumed request adds one)
-            assert all(c["attributes"]["gen_ai.operation.name"] == "chat" and c["attributes"]["gen_ai.usage.output_tokens"] > 0
-                       for c in chats)
+            assert all(c["attributes"]["gen_ai.operation.name"] == "chat" for c in chats)
+            # a request aborted by a weight sync before its first token answers nothing (and is resumed)
+            assert all(c["attributes"]["gen_ai.usage.output_tokens"] > 0 or _aborted(c["attributes"]) for c in chats)
+            assert sum(not _aborted(c["attributes"]) for c in chats) >= 2
             [tool] = children(trace, session, "execute_tool")
             assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
             [reward] = children(trace, session, "verl.reward")
@@ -223,6 +225,10 @@ def test_progress_log_has_the_mode_structure(demo):
         assert all(line.startswith(("Step ", "gen throughput", prefix)) for line in block)
 
 
+def _aborted(chat_attributes):
+    return "abort" in chat_attributes.get("gen_ai.response.finish_reasons", ())
+
+
 def test_trajectory_jsonl_one_line_per_training_trajectory(demo):
     _, trace_dir, _, spans = demo
     lines = jsonl_lines(trace_dir)
@@ -234,7 +240,10 @@ def test_trajectory_jsonl_one_line_per_training_trajectory(demo):
         rest = __import__("json").loads(line["raw_message"])
         assert rest["n_samples"] == N
         assert len(rest["turns"]) == chats[(line["prompt_uid"], str(line["sample_index"]))]
-        assert rest["turns"][0]["completion_text"] and rest["initial_prompt_text"]
+        assert rest["initial_prompt_text"]
+        # every turn has its text, but a request aborted before its first token (resumed as the next turn)
+        assert all(turn["completion_text"] or turn["finish_reason"] == "abort" for turn in rest["turns"])
+        assert any(turn["completion_text"] for turn in rest["turns"])
     tasks = [line for line in progress_lines(trace_dir) if line.startswith("Task ")]
     assert len(tasks) == len(lines)
 

@@ -127,9 +127,11 @@ def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
 
     run(lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"ours": "kept"}))
     run(tracer.start_span("s", attributes={"ours": "kept"}))
-    lean, sdk = (dict(s.attributes) for s in exporter.get_finished_spans())
+    finished = exporter.get_finished_spans()
+    lean, sdk = (dict(s.attributes) for s in finished)
     assert lean == sdk  # the same values kept, converted and evicted (oldest first at the limit)
     assert len(lean) == 64 and lean["t69"] == 69
+    assert finished[0].dropped_attributes == finished[1].dropped_attributes > 0
     provider.shutdown()
 
 
@@ -141,6 +143,7 @@ def test_attributes_are_a_read_only_view_that_follows_every_setter():
         view["a"] = 2  # read-only, as the SDK's ReadableSpan.attributes
     lean_span.set_trusted(span, "b", 2)
     assert dict(view) == {"a": 1, "b": 2} and span.attributes is view  # made once, live
+    assert span.dropped_attributes == 0
     span.set_attribute("c", [1, 2])  # other code: the SDK's validated mapping from now on
     assert dict(span.attributes) == {"a": 1, "b": 2, "c": (1, 2)}
     span.end()
