@@ -35,6 +35,11 @@ def demo(request, tmp_path_factory):
     return mode, str(trace_dir), summary, spans
 
 
+def _aborted(chat_attributes):
+    # a request a weight sync aborted (the stand-in answers it with the tokens made so far)
+    return "abort" in chat_attributes.get("gen_ai.response.finish_reasons", ())
+
+
 def _roots(spans):
     return [s for s in spans if s["name"] == "verl.sample"]
 
@@ -223,10 +228,6 @@ def test_progress_log_has_the_mode_structure(demo):
         assert block.index(f"Step {step} train started") < block.index(f"{prefix}start update actor")
         assert block.index(f"{prefix}end update actor") < block.index(f"Step {step} train finished")
         assert all(line.startswith(("Step ", "gen throughput", prefix)) for line in block)
-
-
-def _aborted(chat_attributes):
-    return "abort" in chat_attributes.get("gen_ai.response.finish_reasons", ())
 
 
 def test_trajectory_jsonl_one_line_per_training_trajectory(demo):

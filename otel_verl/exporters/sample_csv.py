@@ -151,8 +151,7 @@ def render_rows(job_id: str, groups: Sequence[_Rows]) -> str:
         trajs = rows.trajs
         if len(trajs) == 1 and not _needs_quoting(uid) and not _needs_quoting(content):
             # one row (every rollout worker event): a single concatenation
-            traj = str(trajs[0])
-            out.append(f"{head}{uid}/{traj if traj.isdigit() else 'sample'},{status},{ts_ms},{content}\r\n")
+            out.append(f"{head}{sample_id(uid, trajs[0])},{status},{ts_ms},{content}\r\n")
             continue
         if _needs_quoting(uid):
             out.extend(csv_line((job_id, "sample", sample_id(uid, t), status, ts_ms, content)) for t in rows.trajs)
