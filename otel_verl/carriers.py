@@ -130,8 +130,15 @@ def _activation_env() -> Optional[Dict[str, str]]:
 
 
 def headers_of(span: Any) -> Dict[str, str]:
-    headers: Dict[str, str] = {}
-    _propagator.inject(headers, context=trace.set_span_in_context(span))
+    """The W3C headers of ``span``: what ``TraceContextTextMapPropagator.inject`` writes,
+    formatted here (once per LLM turn: the propagator's context and setter calls cost
+    more than the string)."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return {}
+    headers = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    if ctx.trace_state:
+        headers["tracestate"] = ctx.trace_state.to_header()
     return headers
 
 

@@ -125,6 +125,18 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         else:
             self._validated()[key] = value
 
+    def set_trusted_many(self, attributes: Mapping[str, Any]) -> None:
+        """:meth:`set_trusted` for several attributes at once."""
+        if self._end_time is not None:
+            return
+        attrs = self._attributes
+        if type(attrs) is dict and len(attrs) + len(attributes) <= self._limits.max_span_attributes:
+            attrs.update(attributes)
+        else:
+            validated = self._validated()
+            for key, value in attributes.items():
+                validated[key] = value
+
     # ------------------------------------------------------------------ opentelemetry.trace.Span
 
     def get_span_context(self) -> SpanContext:
@@ -307,6 +319,14 @@ def set_trusted(span: Any, key: str, value: Any) -> None:
         span.set_trusted(key, value)
     else:
         span.set_attribute(key, value)
+
+
+def set_trusted_many(span: Any, attributes: Mapping[str, Any]) -> None:
+    """``span.set_attributes`` for values the events API bounded (any span)."""
+    if type(span) is LeanSpan:
+        span.set_trusted_many(attributes)
+    else:
+        span.set_attributes(attributes)
 
 
 def emit_finished(

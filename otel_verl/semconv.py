@@ -9,6 +9,7 @@ strings themselves. GenAI keys follow the OpenTelemetry GenAI semantic conventio
 from __future__ import annotations
 
 import enum
+import functools
 
 INSTRUMENTATION_NAME = "otel_verl"
 
@@ -148,6 +149,14 @@ def llm_span_name(operation: str, model: str | None) -> str:
 
 def tool_span_name(tool_name: str) -> str:
     return f"{OP_EXECUTE_TOOL} {tool_name}"
+
+
+@functools.lru_cache(maxsize=256)
+def llm_server_meta_attribute(meta_key: str) -> str:
+    """``verl.llm.server.{key}`` for a numeric sglang/vLLM ``meta_info`` key, bounded.
+    Cached: an engine reports the same handful of keys for every request."""
+    key = str(meta_key)
+    return LLM_SERVER_META_PREFIX + key[:MAX_TEXT_CHARS]
 
 
 class Stage(str, enum.Enum):

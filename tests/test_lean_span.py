@@ -135,6 +135,28 @@ def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
     provider.shutdown()
 
 
+def test_trusted_attributes_set_together_keep_the_count_limit_like_one_by_one():
+    provider, tracer, exporter = _provider(limits=SpanLimits(max_span_attributes=64))
+    for name in ("one_by_one", "together"):
+        span = lean_span.start(tracer, name, SpanRecord(Kind.LLM_CALL), attributes={f"s{i}": i for i in range(60)})
+        more = {f"m{i}": i for i in range(8)}  # past the limit: the oldest are evicted
+        if name == "together":
+            lean_span.set_trusted_many(span, more)
+        else:
+            for key, value in more.items():
+                lean_span.set_trusted(span, key, value)
+        span.end()
+        lean_span.set_trusted_many(span, {"late": 1})  # ignored once ended
+    one, together = exporter.get_finished_spans()
+    assert dict(one.attributes) == dict(together.attributes) and len(together.attributes) == 64
+    assert together.dropped_attributes == one.dropped_attributes == 4 and "late" not in together.attributes
+    span = lean_span.start(tracer, "roomy", SpanRecord(Kind.LLM_CALL), attributes={"a": 1})
+    lean_span.set_trusted_many(span, {"b": 2, "c": ("stop",)})
+    assert dict(span.attributes) == {"a": 1, "b": 2, "c": ("stop",)} and span.dropped_attributes == 0
+    span.end()
+    provider.shutdown()
+
+
 def test_attributes_are_a_read_only_view_that_follows_every_setter():
     provider, tracer, _ = _provider()
     span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"a": 1})
@@ -296,6 +318,23 @@ def test_carrier_contexts_are_parsed_once_per_header_pair():
     assert carriers.context_from({"traceparent": "00-bad"}) is None
     assert carriers.context_from({**headers, "baggage": "a=b"}) is first  # the trace context is the pair
     assert isinstance(carriers.context_from(headers), otel_context.Context)
+
+
+def test_a_spans_headers_are_what_the_w3c_propagator_injects():
+    from opentelemetry.trace import INVALID_SPAN, TraceState
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    def injected(span):
+        headers = {}
+        TraceContextTextMapPropagator().inject(headers, context=trace.set_span_in_context(span))
+        return headers
+
+    spans = [NonRecordingSpan(SpanContext(0xABCD, 0xEF, False, TraceFlags(flags), state))
+             for flags in (0, 1, 3) for state in (None, TraceState([("k", "v"), ("vendor", "x1")]))]
+    spans += [INVALID_SPAN, NonRecordingSpan(SpanContext(2**128 - 1, 2**64 - 1, True, TraceFlags(1)))]
+    for span in spans:
+        assert carriers.headers_of(span) == injected(span)
+    assert carriers.headers_of(spans[3])["tracestate"] == "k=v,vendor=x1"
 
 
 def test_the_text_decoder_gives_what_tokenizer_decode_gives():

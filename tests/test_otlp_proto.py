@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -46,6 +45,45 @@ def test_events_api_spans_encode_directly(make_pipeline):
     spans = pipeline.spans()
     assert len(spans) >= 4
     assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)
+
+
+def test_lean_spans_with_error_events_links_and_sdk_checked_attributes(make_pipeline):
+    """The encoder reads a LeanSpan's fields directly: every field it can hold."""
+    from opentelemetry import trace
+
+    from otel_verl import events
+    from otel_verl.lean_span import LeanSpan
+
+    pipeline = make_pipeline()
+    try:
+        with events.trajectory("u2", "1", step=1, agent_name="a"):
+            span = trace.get_current_span()
+            span.add_event("note", {"k": 1})
+            span.add_link(span.get_span_context(), {"why": "self"})
+            span.set_attribute("user.values", [1, 2])  # another library's: the SDK's checks from now on
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    spans = pipeline.spans()
+    assert [type(s) for s in spans] == [LeanSpan]
+    assert spans[0].status.description and spans[0].events and spans[0].links
+    assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)
+
+
+def test_cached_attribute_encodings_keep_their_value_types(make_pipeline):
+    # True == 1 == 1.0 and (True,) == (1,): the cache must not give one's bytes to another
+    from otel_verl import events
+
+    pipeline = make_pipeline()
+    for value in ("1", 1, True, 1.0, ("x",), (True,), (1,), ("x", "y")):
+        with events.trajectory("u3", "0", step=1, agent_name="a"):
+            from opentelemetry import trace
+
+            trace.get_current_span().set_attribute("v", value)
+    spans = pipeline.spans()
+    assert len(spans) == 8
+    assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)
+    assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)  # from the cache
 
 
 def test_http_exporter_posts_the_direct_encoding():

@@ -525,13 +525,14 @@ def test_metrics_that_json_cannot_encode_are_stringified_not_lost(clock, traj_di
 def test_formatting_happens_on_the_writer_thread(clock, traj_dir, monkeypatch):
     proc, trace_dir, _ = traj_dir
     dumps_threads: List[str] = []
-    real_dumps = json.dumps
+    real_encoder = tj._OUTER
 
-    def recording_dumps(*args, **kwargs):
-        dumps_threads.append(threading.current_thread().name)
-        return real_dumps(*args, **kwargs)
+    class RecordingEncoder:
+        def encode(self, obj):
+            dumps_threads.append(threading.current_thread().name)
+            return real_encoder.encode(obj)
 
-    monkeypatch.setattr(tj, "json", types.SimpleNamespace(dumps=recording_dumps))
+    monkeypatch.setattr(tj, "_OUTER", RecordingEncoder())
     tok = CharTokenizer()
     run_multi_turn_tool(clock, tok)
     run_single_turn(clock, tok)

@@ -35,7 +35,7 @@ class ServerCall:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.meta[str(key)] = value
                 if self.span is not None:
-                    set_trusted(self.span, sc.LLM_SERVER_META_PREFIX + _text(key), value)
+                    set_trusted(self.span, sc.llm_server_meta_attribute(key), value)
 
 
 _current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)

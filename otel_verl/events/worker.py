@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_str
 from otel_verl.record import TrajectoryData, TurnData, start_span
-from otel_verl.lean_span import set_trusted
+from otel_verl.lean_span import set_trusted, set_trusted_many
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -219,12 +219,14 @@ class Turn:
             data.server_meta.update(server_meta)
         span = self.span
         count = output_tokens if output_tokens is not None else len(data.completion_ids)
-        set_trusted(span, sc.GEN_AI_USAGE_OUTPUT_TOKENS, int(count))
+        attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
         if data.finish_reason:
-            set_trusted(span, sc.GEN_AI_RESPONSE_FINISH_REASONS, (_text(data.finish_reason),))
+            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
         for key, value in data.server_meta.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):  # as the server kept them
-                set_trusted(span, sc.LLM_SERVER_META_PREFIX + _text(key), value)
+            vtype = type(value)  # numbers only, as the server kept them
+            if vtype is float or vtype is int or (vtype is not bool and isinstance(value, (int, float))):
+                attrs[sc.llm_server_meta_attribute(key)] = value
+        set_trusted_many(span, attrs)
         if self._decode is not None:
             self._capture_content(span, data)
 

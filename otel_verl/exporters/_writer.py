@@ -60,7 +60,10 @@ class BackgroundWriter:
         self.dropped_lines = 0
         self._jobs: Deque[Tuple[Any, int]] = deque()  # (render or (path, text), lines)
         self._pending_lines = 0
-        self._cond = threading.Condition()
+        # A plain lock under the condition: the callers' hot path takes it with C-level
+        # enter/exit (a Condition's own are Python calls); nothing re-enters it.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._idle = threading.Event()
         self._idle.set()
         self._closed = False
@@ -83,7 +86,7 @@ class BackgroundWriter:
         return self._queue((path, text), n_lines)
 
     def _queue(self, job: Any, n_lines: int) -> bool:
-        with self._cond:
+        with self._lock:
             if self._closed or self._pending_lines + n_lines > self.max_pending_lines:
                 refused = True
             else:
@@ -130,7 +133,8 @@ class BackgroundWriter:
         """A forked child starts empty: the jobs queued before the fork are the parent's
         (its writer thread writes them; rendering them here would duplicate lines in the
         child's files), and the lock may have been held by that thread at fork time."""
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._flushing = 0
         self._jobs = deque()
         self._pending_lines = 0

@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Tuple
 
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_verl.lean_span import LeanSpan
+
 logger = logging.getLogger("otel_verl")
 
 _pack_double = struct.Struct("<d").pack
@@ -86,8 +88,11 @@ def _any_value(value: Any) -> bytes:
     raise _Unsupported(type(value).__name__)
 
 
-_kv_cache: Dict[Tuple[int, str, type, Any], bytes] = {}
+# Encoded ``KeyValue`` fields by (key, value type, value), one cache per field tag: the
+# ids, names, step numbers and finish reasons repeat from span to span.
+_kv_caches: Dict[int, Dict[Tuple[str, type, Any], bytes]] = {}
 _KV_CACHE_LIMIT = 8192
+_CACHED_TYPES = frozenset((str, int, float, bool))
 
 
 def _key_value(key: str, value: Any) -> bytes:
@@ -102,12 +107,15 @@ def _attributes(tag: int, attributes: Any) -> bytes:
     # the SDK's BoundedAttributes behind a ReadableSpan's read-only view: iterating its
     # plain dict skips a Mapping-protocol call per key
     attributes = getattr(attributes, "_dict", attributes)
-    cache = _kv_cache
+    cache = _kv_caches.get(tag)
+    if cache is None:
+        cache = _kv_caches[tag] = {}
     parts: List[bytes] = []
     for key, value in attributes.items():
         vtype = type(value)
-        if vtype is str or vtype is int or vtype is float or vtype is bool:
-            ck = (tag, key, vtype, value)
+        if vtype in _CACHED_TYPES or (vtype is tuple and len(value) == 1 and type(value[0]) is str):
+            # (a one-string tuple: True == 1 would make (True,) and (1,) one key)
+            ck = (key, vtype, value)
             enc = cache.get(ck)
             if enc is None:
                 enc = _field(tag, _key_value(key, value))
@@ -160,11 +168,27 @@ def _flags(parent: Any) -> int:
 
 _KIND = {kind: b"\x30" + _SMALL[kind.value + 1] for kind in SpanKind}  # INTERNAL (0) -> SPAN_KIND_INTERNAL (1)
 _STATUS_CODE = {code: code.value for code in StatusCode}
+_EMPTY_STATUS = b"\x7a\x00"  # an UNSET status without description: an empty Status message
+_LOCAL_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(_CONTEXT_HAS_IS_REMOTE)
+_REMOTE_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(_CONTEXT_HAS_IS_REMOTE | _CONTEXT_IS_REMOTE)
 
 
 def _span(span: Any) -> bytes:
     """A ``Span`` message's content."""
-    ctx = span.get_span_context()
+    if type(span) is LeanSpan:
+        # the events API's spans (nearly all of them): their fields, without a property
+        # call for each
+        ctx, parent, name, kind = span._context, span._parent, span._name, span._kind
+        start, end, status = span._start_time, span._end_time, span._status
+        attributes, events, links = span._attributes, span._events, span._links
+        dropped_attributes = 0 if type(attributes) is dict else attributes.dropped
+        dropped_events, dropped_links = span._dropped_events, span._dropped_links
+    else:
+        ctx, parent, name, kind = span.get_span_context(), span.parent, span.name, span.kind
+        start, end, status = span.start_time, span.end_time, span.status
+        attributes, events, links = getattr(span, "_attributes", None) or span.attributes, span.events, span.links
+        dropped_attributes, dropped_events, dropped_links = (
+            span.dropped_attributes, span.dropped_events, span.dropped_links)
     parts = [
         b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big"),
         b"\x12\x08" + ctx.span_id.to_bytes(8, "big"),
@@ -172,19 +196,18 @@ def _span(span: Any) -> bytes:
     state = _trace_state(ctx.trace_state)
     if state:
         parts.append(_string(0x1A, state))
-    parent = span.parent
     if parent is not None:
         parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    parts.append(_string(0x2A, span.name))
-    parts.append(_KIND[span.kind])
-    if span.start_time:
-        parts.append(b"\x39" + _pack_fixed64(span.start_time))
-    if span.end_time:
-        parts.append(b"\x41" + _pack_fixed64(span.end_time))
-    parts.append(_attributes(0x4A, getattr(span, "_attributes", None) or span.attributes))
-    if span.dropped_attributes:
-        parts.append(b"\x50" + _varint(span.dropped_attributes))
-    for event in span.events or ():
+    parts.append(_string(0x2A, name))
+    parts.append(_KIND[kind])
+    if start:
+        parts.append(b"\x39" + _pack_fixed64(start))
+    if end:
+        parts.append(b"\x41" + _pack_fixed64(end))
+    parts.append(_attributes(0x4A, attributes))
+    if dropped_attributes:
+        parts.append(b"\x50" + _varint(dropped_attributes))
+    for event in events or ():
         body = b"\x09" + _pack_fixed64(event.timestamp) if event.timestamp else b""
         if event.name:
             body += _string(0x12, event.name)
@@ -192,9 +215,9 @@ def _span(span: Any) -> bytes:
         if event.dropped_attributes:
             body += b"\x20" + _varint(event.dropped_attributes)
         parts.append(_field(0x5A, body))
-    if span.dropped_events:
-        parts.append(b"\x60" + _varint(span.dropped_events))
-    for link in span.links or ():
+    if dropped_events:
+        parts.append(b"\x60" + _varint(dropped_events))
+    for link in links or ():
         lctx = link.context
         body = b"\x0a\x10" + lctx.trace_id.to_bytes(16, "big") + b"\x12\x08" + lctx.span_id.to_bytes(8, "big")
         body += _attributes(0x22, link.attributes)
@@ -202,18 +225,17 @@ def _span(span: Any) -> bytes:
             body += b"\x28" + _varint(link.dropped_attributes)
         body += b"\x35" + _pack_fixed32(_flags(lctx))
         parts.append(_field(0x6A, body))
-    if span.dropped_links:
-        parts.append(b"\x70" + _varint(span.dropped_links))
-    status = span.status
-    body = b""
-    if status is not None:
-        if status.description:
-            body += _string(0x12, status.description)
+    if dropped_links:
+        parts.append(b"\x70" + _varint(dropped_links))
+    if status is None or status.status_code is StatusCode.UNSET and not status.description:
+        parts.append(_EMPTY_STATUS)
+    else:
+        body = _string(0x12, status.description) if status.description else b""
         code = _STATUS_CODE[status.status_code]
         if code:
             body += b"\x18" + _SMALL[code]
-    parts.append(_field(0x7A, body))
-    parts.append(b"\x85\x01" + _pack_fixed32(_flags(parent)))
+        parts.append(_field(0x7A, body))
+    parts.append(_REMOTE_PARENT_FLAGS if parent is not None and parent.is_remote else _LOCAL_PARENT_FLAGS)
     return b"".join(parts)
 
 
@@ -233,8 +255,10 @@ def _encode(spans: Sequence[Any]) -> bytes:
     # Resource -> scope -> spans, in first-seen order (as the SDK groups them).
     groups: Dict[int, Tuple[Any, Dict[int, Tuple[Any, List[bytes]]]]] = {}
     for span in spans:
-        resource = span.resource
-        scope = span.instrumentation_scope or None
+        if type(span) is LeanSpan:
+            resource, scope = span._resource, span._instrumentation_scope or None
+        else:
+            resource, scope = span.resource, span.instrumentation_scope or None
         by_scope = groups.get(id(resource))
         if by_scope is None:
             by_scope = groups[id(resource)] = (resource, {})

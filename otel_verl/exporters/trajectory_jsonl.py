@@ -168,13 +168,8 @@ def trajectory_line(data: TrajectoryData) -> str:
         "initial_prompt_text": initial_prompt_text,
         "agent_metrics": dict(data.agent_metrics) if data.agent_metrics is not None else None,
     }
-    return json.dumps(
-        {
-            "prompt_uid": data.uid,
-            "sample_index": sample_index(data.traj_uid),
-            "raw_message": json.dumps(rest, ensure_ascii=False, default=_jsonable),
-        },
-        ensure_ascii=False,
+    return _OUTER.encode(
+        {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid), "raw_message": _INNER.encode(rest)}
     )
 
 
@@ -296,3 +291,9 @@ def _jsonable(value: Any) -> Any:
     if callable(to_list):
         return to_list()
     return str(value)
+
+
+# json.dumps(obj, ensure_ascii=False[, default=...]) builds a new encoder for every call
+# (only the all-defaults call shares one); these are those encoders, made once.
+_INNER = json.JSONEncoder(ensure_ascii=False, default=_jsonable)
+_OUTER = json.JSONEncoder(ensure_ascii=False)
