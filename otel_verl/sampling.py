@@ -122,15 +122,21 @@ class _CountingExporter(SpanExporter):
         self.exported = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        failed: Any = None
         try:
             result = self._exporter.export(spans)
+            # an exporter that sends a batch as several requests says how many spans failed
+            failed = getattr(self._exporter, "failed_spans", None)
         except Exception as exc:
             health.record_failure(f"{self._output}.export", exc)
             result = SpanExportResult.FAILURE
         if result is SpanExportResult.SUCCESS:
-            self.exported += len(spans)
+            failed = 0
         else:
-            health.record_dropped(self._output, len(spans), "export failed (endpoint down, refusing or unreachable?)")
+            if type(failed) is not int or not 0 < failed <= len(spans):
+                failed = len(spans)
+            health.record_dropped(self._output, failed, "export failed (endpoint down, refusing or unreachable?)")
+        self.exported += len(spans) - failed
         return result
 
     def shutdown(self) -> None:

@@ -722,3 +722,44 @@ def test_otel_verl_default_span_queue(env, expected, tmp_path):
     out = subprocess.run([PYTHON, "-c", BSP_PROBE], env=probe_env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"otlp": expected, "otlp_json_file": expected}
+
+
+CONTENT_PROBE = """
+import json
+from otel_verl import bootstrap, events, health
+assert bootstrap.configure(role="agent_loop_worker")
+text = "w\\u00f6rd " * 1700  # message content past the 8192-character bound
+for i in range(600):
+    with events.trajectory(f"u{i}", "0", step=1, agent_name="a", decode=lambda ids, **kw: text):
+        with events.llm_call(list(range(2000)), model="m") as turn:
+            turn.finish(list(range(500)), stop_reason="stop")
+assert bootstrap.flush(60)
+print(json.dumps(health.snapshot()))
+bootstrap.shutdown()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_spans_with_message_content_reach_a_grpc_collector_whole(otelcol_factory, tmp_path):
+    """GenAI content capture makes a 512-span batch larger than the 4 MiB a gRPC receiver
+    takes by default: it goes out as several requests, and the real Collector gets every span."""
+    collector_dir = tmp_path / "collector"
+    col = otelcol_factory(ob.CONFIG_DIR / "otelcol-file.yaml", {"OTELCOL_FILE_DIR": str(collector_dir)})
+    env = _child_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{col.grpc_port}",
+                     OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_VERL_RUN_ID="content-run",
+                     OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="true")
+    out = subprocess.run([PYTHON, "-c", CONTENT_PROBE], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"failures": {}, "dropped": {}}
+    path = collector_dir / "content-run" / "otlp" / "traces.jsonl"
+    deadline = time.time() + 30
+    spans: list = []
+    while time.time() < deadline:  # the collector's batch processor writes within a second
+        if path.exists():
+            spans = [s for line in path.read_text().splitlines() if line for s in ob.flat_spans(json.loads(line))]
+            if len(spans) >= 1200:
+                break
+        time.sleep(0.5)
+    chats = [s for s in spans if s["name"] == "chat m"]
+    assert len(spans) == 1200 and len(chats) == 600
+    assert all(len(s["attributes"]["gen_ai.input.messages"]) > 8192 for s in chats)

@@ -86,6 +86,92 @@ def test_cached_attribute_encodings_keep_their_value_types(make_pipeline):
     assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)  # from the cache
 
 
+def _content_spans(make_pipeline, trajectories=40, chars=8000):
+    """Chat spans carrying GenAI message content (two texts of ``chars`` each)."""
+    from otel_verl import events
+
+    pipeline = make_pipeline(env={"OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true"})
+    text = "w\u00f6rd " * (chars // 5)
+    for i in range(trajectories):
+        with events.trajectory(f"u{i}", "0", step=1, agent_name="a", decode=lambda ids, **kw: text):
+            with events.llm_call([1, 2, 3], model="m") as turn:
+                turn.finish([4, 5], stop_reason="stop")
+    spans = pipeline.spans()
+    assert len(spans) == 2 * trajectories
+    return spans
+
+
+def _span_messages(data: bytes) -> list:
+    return [span for rs in _parsed(data).resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+def test_a_batch_is_split_into_requests_under_the_size_bound(make_pipeline):
+    spans = _content_spans(make_pipeline)
+    whole = encode_spans_bytes(spans)
+    assert len(whole) > 600_000
+    requests = otlp_proto.encode_requests(spans, 100_000)
+    assert len(requests) >= 7 and all(len(data) <= 100_000 for _, data in requests)
+    for request_spans, data in requests:
+        assert _parsed(data) == encode_spans(request_spans)  # each a whole request of its spans
+    # in order, every span once
+    assert [s for request_spans, _ in requests for s in request_spans] == list(spans)
+    assert [m for _, data in requests for m in _span_messages(data)] == _span_messages(whole)
+    # under the default bound one request carries them all; a span over the bound goes alone
+    assert [len(r) for r, _ in otlp_proto.encode_requests(spans)] == [len(spans)]
+    alone = otlp_proto.encode_requests(spans, 1_000)
+    assert [len(r) for r, _ in alone] == [1] * len(spans)
+
+
+def test_values_left_to_the_sdk_encoder_are_split_too():
+    spans = make_spans()  # "odd values": an int64 overflow the SDK's encoder handles
+    requests = otlp_proto.encode_requests(spans, 1_500)
+    assert len(requests) > 1
+    assert all(len(data) <= 1_500 or len(request_spans) == 1 for request_spans, data in requests)
+    assert [s for request_spans, _ in requests for s in request_spans] == list(spans)
+    for request_spans, data in requests:
+        assert _parsed(data) == encode_spans(request_spans)
+
+
+def test_only_the_spans_of_refused_requests_are_counted_as_dropped(make_pipeline):
+    from otel_verl import health
+    from otel_verl.sampling import _CountingExporter
+
+    spans = _content_spans(make_pipeline, trajectories=20)
+    received, answers = [], iter([200, 400] + [200] * 100)  # the second request is refused
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            status = next(answers)
+            if status == 200:
+                received.append(body)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        exporter = http_span_exporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces",
+                                      max_request_bytes=100_000)
+        counting = _CountingExporter(exporter, "otlp")
+        assert counting.export(spans) is SpanExportResult.FAILURE
+        requests = otlp_proto.encode_requests(spans, 100_000)
+        refused = len(requests[1][0])
+        assert len(received) == len(requests) - 1
+        assert sum(len(_span_messages(body)) for body in received) == len(spans) - refused
+        assert exporter.failed_spans == refused
+        assert health.snapshot()["dropped"] == {"otlp": refused}
+        assert counting.exported == len(spans) - refused
+        assert counting.export(spans) is SpanExportResult.SUCCESS and exporter.failed_spans == 0
+        exporter.shutdown()
+    finally:
+        server.shutdown()
+
+
 def test_http_exporter_posts_the_direct_encoding():
     received = []
 

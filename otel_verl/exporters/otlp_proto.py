@@ -244,28 +244,92 @@ def encode_spans_bytes(spans: Sequence[Any]) -> bytes:
     try:
         return _encode(spans)
     except Exception as exc:  # an attribute value this encoder does not know: the SDK's
-        if not isinstance(exc, _Unsupported):
-            logger.debug("otel_verl: fast OTLP encoding failed (%s); using the SDK's", exc)
-        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+        return _sdk_encoding(spans, exc)
 
-        return encode_spans(spans).SerializePartialToString()
+
+def _sdk_encoding(spans: Sequence[Any], exc: BaseException) -> bytes:
+    if not isinstance(exc, _Unsupported):
+        logger.debug("otel_verl: fast OTLP encoding failed (%s); using the SDK's", exc)
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans).SerializePartialToString()
+
+
+# The largest export request the exporters send. OTLP/gRPC servers refuse bigger
+# messages by default: the Collector's, Jaeger's and Tempo's receivers take at most
+# 4 MiB. One batch of chat spans with GenAI message content (up to 2 x 8192 characters
+# a span) passes that long before the batch processor's 512 spans: it is split.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024 - 64 * 1024
+
+
+def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) -> List[Tuple[Sequence[Any], bytes]]:
+    """``spans`` as ``ExportTraceServiceRequest`` bytes of at most ``max_bytes`` each
+    (in order; a span larger than that on its own gets a request of its own):
+    ``[(the request's spans, its bytes), ...]``."""
+    try:
+        entries = _entries(spans)
+    except Exception as exc:
+        return _sdk_requests(list(spans), max_bytes, exc)
+    requests: List[Tuple[Sequence[Any], bytes]] = []
+    start = size = 0
+    headers: set = set()  # (resource, scope) groups the current request already pays for
+    for i, (resource, scope, data) in enumerate(entries):
+        group = (id(resource), id(scope))
+        cost = len(data) + (0 if group in headers else _group_overhead(resource, scope))
+        if i > start and size + cost > max_bytes:
+            requests.append((spans[start:i], _assemble(entries[start:i])))
+            start, size, headers = i, 0, set()
+            cost = len(data) + _group_overhead(resource, scope)
+        headers.add(group)
+        size += cost
+    if start < len(entries) or not requests:
+        requests.append((spans[start:], _assemble(entries[start:])))
+    return requests
+
+
+def _group_overhead(resource: Any, scope: Any) -> int:
+    # the ResourceSpans / ScopeSpans headers around a group's spans (lengths and keys:
+    # at most 10 bytes each; the schema URLs)
+    return (len(_resource(resource)) + len(_scope(scope)) + 40
+            + len(getattr(resource, "schema_url", "") or "") + len(getattr(scope, "schema_url", "") or ""))
+
+
+def _sdk_requests(spans: List[Any], max_bytes: int, exc: BaseException) -> List[Tuple[Sequence[Any], bytes]]:
+    """The SDK's encoding (values this encoder leaves to it), halved until each fits."""
+    data = _sdk_encoding(spans, exc)
+    if len(data) <= max_bytes or len(spans) <= 1:
+        return [(spans, data)]
+    half = len(spans) // 2
+    return _sdk_requests(spans[:half], max_bytes, exc) + _sdk_requests(spans[half:], max_bytes, exc)
 
 
 def _encode(spans: Sequence[Any]) -> bytes:
-    # Resource -> scope -> spans, in first-seen order (as the SDK groups them).
-    groups: Dict[int, Tuple[Any, Dict[int, Tuple[Any, List[bytes]]]]] = {}
+    return _assemble(_entries(spans))
+
+
+def _entries(spans: Sequence[Any]) -> List[Tuple[Any, Any, bytes]]:
+    """(resource, scope, the span's encoded ``spans`` field) for every span."""
+    out: List[Tuple[Any, Any, bytes]] = []
     for span in spans:
         if type(span) is LeanSpan:
             resource, scope = span._resource, span._instrumentation_scope or None
         else:
             resource, scope = span.resource, span.instrumentation_scope or None
+        out.append((resource, scope, _field(0x12, _span(span))))
+    return out
+
+
+def _assemble(entries: Sequence[Tuple[Any, Any, bytes]]) -> bytes:
+    # Resource -> scope -> spans, in first-seen order (as the SDK groups them).
+    groups: Dict[int, Tuple[Any, Dict[int, Tuple[Any, List[bytes]]]]] = {}
+    for resource, scope, data in entries:
         by_scope = groups.get(id(resource))
         if by_scope is None:
             by_scope = groups[id(resource)] = (resource, {})
         entry = by_scope[1].get(id(scope))
         if entry is None:
             entry = by_scope[1][id(scope)] = (scope, [])
-        entry[1].append(_field(0x12, _span(span)))
+        entry[1].append(data)
     out: List[bytes] = []
     for resource, scopes in groups.values():
         body = [_field(0x0A, _resource(resource))]
@@ -298,45 +362,79 @@ class _Encoded:
     SerializeToString = SerializePartialToString
 
 
-class _FastBatch(list):
-    """A batch handed to the HTTP exporter by :class:`HttpSpanExporter`."""
+class _Request(list):
+    """The spans of one export request, with their encoding (see :func:`encode_requests`)."""
+
+    def __init__(self, spans: Sequence[Any], data: bytes) -> None:
+        super().__init__(spans)
+        self.data = data
+
+
+class _SizeBoundExport:
+    """Export for the exporters below: a batch goes out as requests of at most
+    ``max_request_bytes``. ``failed_spans``: how many spans of the last batch no request
+    delivered (read by the drop counting, which would otherwise count the whole batch)."""
+
+    max_request_bytes = MAX_REQUEST_BYTES
+    failed_spans = 0
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        failed = 0
+        for request_spans, data in encode_requests(spans, self.max_request_bytes):
+            if self._send(_Request(request_spans, data)) is not SpanExportResult.SUCCESS:
+                failed += len(request_spans)
+        self.failed_spans = failed
+        return SpanExportResult.FAILURE if failed else SpanExportResult.SUCCESS
+
+    def _send(self, request: _Request) -> Any:
+        raise NotImplementedError
 
 
 _sdk_http_encode: Any = None
 
 
 def _http_encode_spans(spans: Any) -> Any:
-    if isinstance(spans, _FastBatch):
-        return _Encoded(encode_spans_bytes(spans))
+    if isinstance(spans, _Request):
+        return _Encoded(spans.data)
     return _sdk_http_encode(spans)
 
 
-def http_span_exporter(**kwargs: Any) -> Any:
-    """The SDK's OTLP/HTTP span exporter, encoding with :func:`encode_spans_bytes`."""
+def http_span_exporter(max_request_bytes: int = MAX_REQUEST_BYTES, **kwargs: Any) -> Any:
+    """The SDK's OTLP/HTTP span exporter, encoding with :func:`encode_requests`."""
     global _sdk_http_encode
     from opentelemetry.exporter.otlp.proto.http import trace_exporter as module
 
-    # The SDK's export() looks ``encode_spans`` up in its module: our batches (only) are
-    # encoded here; any other caller in the process gets the SDK's encoder unchanged.
+    # The SDK's export() looks ``encode_spans`` up in its module: our requests (only) are
+    # already encoded; any other caller in the process gets the SDK's encoder unchanged.
     if _sdk_http_encode is None:
         _sdk_http_encode = module.encode_spans
         module.encode_spans = _http_encode_spans
 
-    class HttpSpanExporter(module.OTLPSpanExporter):
-        def export(self, spans: Sequence[Any]) -> Any:
-            return super().export(_FastBatch(spans))
+    class HttpSpanExporter(_SizeBoundExport, module.OTLPSpanExporter):
+        def _send(self, request: _Request) -> Any:
+            return module.OTLPSpanExporter.export(self, request)
 
-    return HttpSpanExporter(**kwargs)
+    exporter = HttpSpanExporter(**kwargs)
+    exporter.max_request_bytes = max_request_bytes
+    return exporter
 
 
-def grpc_span_exporter(**kwargs: Any) -> Any:
-    """The SDK's OTLP/gRPC span exporter, encoding with :func:`encode_spans_bytes`."""
+def grpc_span_exporter(max_request_bytes: int = MAX_REQUEST_BYTES, **kwargs: Any) -> Any:
+    """The SDK's OTLP/gRPC span exporter, encoding with :func:`encode_requests`."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    class GrpcSpanExporter(OTLPSpanExporter):
+    class GrpcSpanExporter(_SizeBoundExport, OTLPSpanExporter):
+        def _send(self, request: _Request) -> Any:
+            return OTLPSpanExporter.export(self, request)
+
         def _translate_data(self, data: Sequence[Any]) -> Any:
             # parsing the bytes back is C (upb) work: a few µs per span
-            return ExportTraceServiceRequest.FromString(encode_spans_bytes(data))
+            encoded = data.data if isinstance(data, _Request) else encode_spans_bytes(data)
+            return ExportTraceServiceRequest.FromString(encoded)
 
-    return GrpcSpanExporter(**kwargs)
+    exporter = GrpcSpanExporter(**kwargs)
+    exporter.max_request_bytes = max_request_bytes
+    return exporter
