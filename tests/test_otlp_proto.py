@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -86,6 +87,33 @@ def test_cached_attribute_encodings_keep_their_value_types(make_pipeline):
     assert _parsed(otlp_proto._encode(spans)) == encode_spans(spans)  # from the cache
 
 
+@contextlib.contextmanager
+def _otlp_http_receiver(statuses=()):
+    """A local OTLP/HTTP endpoint: yields (traces URL, bodies it accepted); answers the
+    requests with ``statuses`` in turn, then 200."""
+    received, answers = [], iter(statuses)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            status = next(answers, 200)
+            if status == 200:
+                received.append(body)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1/traces", received
+    finally:
+        server.shutdown()
+
+
 def _content_spans(make_pipeline, trajectories=40, chars=8000):
     """Chat spans carrying GenAI message content (two texts of ``chars`` each)."""
     from otel_verl import events
@@ -137,26 +165,8 @@ def test_only_the_spans_of_refused_requests_are_counted_as_dropped(make_pipeline
     from otel_verl.sampling import _CountingExporter
 
     spans = _content_spans(make_pipeline, trajectories=20)
-    received, answers = [], iter([200, 400] + [200] * 100)  # the second request is refused
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            status = next(answers)
-            if status == 200:
-                received.append(body)
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        exporter = http_span_exporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces",
-                                      max_request_bytes=100_000)
+    with _otlp_http_receiver([200, 400]) as (url, received):  # the second request is refused
+        exporter = http_span_exporter(endpoint=url, max_request_bytes=100_000)
         counting = _CountingExporter(exporter, "otlp")
         assert counting.export(spans) is SpanExportResult.FAILURE
         requests = otlp_proto.encode_requests(spans, 100_000)
@@ -168,37 +178,20 @@ def test_only_the_spans_of_refused_requests_are_counted_as_dropped(make_pipeline
         assert counting.exported == len(spans) - refused
         assert counting.export(spans) is SpanExportResult.SUCCESS and exporter.failed_spans == 0
         exporter.shutdown()
-    finally:
-        server.shutdown()
 
 
 def test_http_exporter_posts_the_direct_encoding():
-    received = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            received.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with _otlp_http_receiver() as (url, received):
         spans = [s for s in make_spans() if s.name not in ("odd values", "raw")]
-        exporter = http_span_exporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces")
+        exporter = http_span_exporter(endpoint=url)
         assert exporter.export(spans) is SpanExportResult.SUCCESS
         assert _parsed(received[0]) == encode_spans(spans)
         # the SDK's own exporter in the same process is unaffected
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        assert OTLPSpanExporter(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces").export(spans) is SpanExportResult.SUCCESS
+        assert OTLPSpanExporter(endpoint=url).export(spans) is SpanExportResult.SUCCESS
         assert _parsed(received[1]) == encode_spans(spans)
         exporter.shutdown()
-    finally:
-        server.shutdown()
 
 
 def test_grpc_exporter_translates_to_the_sdk_message():
