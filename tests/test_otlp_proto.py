@@ -160,23 +160,24 @@ def test_values_left_to_the_sdk_encoder_are_split_too():
         assert _parsed(data) == encode_spans(request_spans)
 
 
-def test_only_the_spans_of_refused_requests_are_counted_as_dropped(make_pipeline):
+def test_a_refused_request_ends_the_batch_and_only_undelivered_spans_count_as_dropped(make_pipeline):
     from otel_verl import health
     from otel_verl.sampling import _CountingExporter
 
     spans = _content_spans(make_pipeline, trajectories=20)
+    requests = otlp_proto.encode_requests(spans, 100_000)
+    assert len(requests) >= 3
     with _otlp_http_receiver([200, 400]) as (url, received):  # the second request is refused
         exporter = http_span_exporter(endpoint=url, max_request_bytes=100_000)
         counting = _CountingExporter(exporter, "otlp")
         assert counting.export(spans) is SpanExportResult.FAILURE
-        requests = otlp_proto.encode_requests(spans, 100_000)
-        refused = len(requests[1][0])
-        assert len(received) == len(requests) - 1
-        assert sum(len(_span_messages(body)) for body in received) == len(spans) - refused
-        assert exporter.failed_spans == refused
-        assert health.snapshot()["dropped"] == {"otlp": refused}
-        assert counting.exported == len(spans) - refused
+        delivered = len(requests[0][0])
+        assert len(received) == 1 and len(_span_messages(received[0])) == delivered  # none after the refusal
+        assert exporter.failed_spans == len(spans) - delivered
+        assert health.snapshot()["dropped"] == {"otlp": len(spans) - delivered}
+        assert counting.exported == delivered
         assert counting.export(spans) is SpanExportResult.SUCCESS and exporter.failed_spans == 0
+        assert len(received) == 1 + len(requests)
         exporter.shutdown()
 
 

@@ -12,6 +12,9 @@ parse its output with the official messages and compare with the SDK's encoding.
 
 Anything it does not know how to encode (a value type the SDK would reject too, a
 mapping value) falls back to the SDK encoder for that batch: never less than the SDK.
+
+The exporters send a batch as requests of at most :data:`MAX_REQUEST_BYTES` (see
+:func:`encode_requests`): OTLP/gRPC receivers refuse larger messages by default.
 """
 
 from __future__ import annotations
@@ -372,8 +375,11 @@ class _Request(list):
 
 class _SizeBoundExport:
     """Export for the exporters below: a batch goes out as requests of at most
-    ``max_request_bytes``. ``failed_spans``: how many spans of the last batch no request
-    delivered (read by the drop counting, which would otherwise count the whole batch)."""
+    ``max_request_bytes``, in order, until one fails. The rest of the batch is not sent:
+    a refusing or unreachable endpoint would make every further request wait out the
+    exporter's timeout and retries again. ``failed_spans``: how many spans of the last
+    batch were not delivered (read by the drop counting, which would otherwise count the
+    whole batch)."""
 
     max_request_bytes = MAX_REQUEST_BYTES
     failed_spans = 0
@@ -381,12 +387,13 @@ class _SizeBoundExport:
     def export(self, spans: Sequence[Any]) -> Any:
         from opentelemetry.sdk.trace.export import SpanExportResult
 
-        failed = 0
+        delivered = 0
         for request_spans, data in encode_requests(spans, self.max_request_bytes):
             if self._send(_Request(request_spans, data)) is not SpanExportResult.SUCCESS:
-                failed += len(request_spans)
-        self.failed_spans = failed
-        return SpanExportResult.FAILURE if failed else SpanExportResult.SUCCESS
+                break
+            delivered += len(request_spans)
+        self.failed_spans = len(spans) - delivered
+        return SpanExportResult.FAILURE if self.failed_spans else SpanExportResult.SUCCESS
 
     def _send(self, request: _Request) -> Any:
         raise NotImplementedError
