@@ -176,22 +176,27 @@ class LeanSpan(trace_api.Span, ReadableSpan):
             logger.warning("Tried calling add_event on an ended span.")
             return
         limits = self._limits
-        if len(self._events) >= limits.max_events:
-            self._dropped_events += 1  # keeps the first ones (the SDK: the last), counted alike
-            return
+        if len(self._events) >= limits.max_events:  # as the SDK: the newest are kept
+            self._dropped_events += 1
+            if not self._events:
+                return
+            del self._events[0]
         attributes = BoundedAttributes(limits.max_event_attributes, attributes,
                                        max_value_len=limits.max_attribute_length, immutable=True)
         self._events.append(Event(name, attributes, timestamp if timestamp is not None else _now_ns()))
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
-        if self._end_time is not None or not (context and (context.is_valid or attributes or context.trace_state)):
+        if self._end_time is not None or not _valid_link(context, attributes):
             return
-        if len(self._links) >= self._limits.max_links:
+        links = tuple(self._links)
+        if len(links) >= self._limits.max_links:  # as the SDK: the newest are kept
             self._dropped_links += 1
-            return
+            if not links:
+                return
+            links = links[1:]
         attributes = BoundedAttributes(self._limits.max_link_attributes, attributes,
                                        max_value_len=self._limits.max_attribute_length, immutable=True)
-        self._links = tuple(self._links) + (Link(context, attributes),)
+        self._links = links + (Link(context, attributes),)
 
     def update_name(self, name: str) -> None:
         if self._end_time is None:
@@ -305,12 +310,19 @@ def start(
 def _started(tracer: Any, name: str, span_context: SpanContext, parent: Optional[SpanContext],
              attributes: Dict[str, Any], kind: SpanKind, links: Sequence[Link], record: Any, context: Any) -> LeanSpan:
     max_links, dropped_links = tracer._span_limits.max_links, 0
-    if len(links) > max_links:
-        dropped_links = len(links) - max_links  # the first ones kept (the SDK: the last), counted alike
-        links = tuple(links)[:max_links]
+    if links:
+        links = tuple(link for link in links if link and _valid_link(link.context, link.attributes))
+        if len(links) > max_links:  # as the SDK: the last ones kept, the others counted
+            dropped_links = len(links) - max_links
+            links = links[dropped_links:]
     span = LeanSpan(name, span_context, parent, attributes, kind, links, _now_ns(), tracer, record, dropped_links)
     tracer.span_processor.on_start(span, parent_context=context)
     return span
+
+
+def _valid_link(context: Any, attributes: Any) -> bool:
+    # the SDK's rule: a link needs a valid context, or attributes or a trace state
+    return bool(context and (context.is_valid or attributes or context.trace_state))
 
 
 def set_trusted(span: Any, key: str, value: Any) -> None:

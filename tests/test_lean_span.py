@@ -219,17 +219,27 @@ def test_sampling_decisions_match_the_sdk(inner, parent_sampled, child_sampled):
     provider.shutdown()
 
 
-def test_events_and_links_past_the_limits_are_counted():
-    provider, tracer, exporter = _provider(limits=SpanLimits(max_events=2, max_links=1))
+@pytest.mark.parametrize("max_events, max_links", [(2, 1), (2, 3), (0, 0)])
+def test_events_and_links_past_the_limits_are_kept_and_counted_as_the_sdk_does(max_events, max_links):
+    provider, tracer, exporter = _provider(limits=SpanLimits(max_events=max_events, max_links=max_links))
     links = [Link(SpanContext(0x1, i, False, TraceFlags(1))) for i in (1, 2, 3)]
-    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), links=links)
-    for i in range(3):
-        span.add_event(f"e{i}")
-    span.add_link(SpanContext(0x1, 4, False, TraceFlags(1)))
-    span.end()
-    [got] = exporter.get_finished_spans()
-    assert [e.name for e in got.events] == ["e0", "e1"] and got.dropped_events == 1
-    assert [link.context.span_id for link in got.links] == [1] and got.dropped_links == 3
+    links.insert(1, Link(SpanContext(0, 0, False, TraceFlags(0))))  # invalid: not a link at all
+
+    def run(span):
+        for i in range(3):
+            span.add_event(f"e{i}")
+        span.add_link(SpanContext(0x1, 4, False, TraceFlags(1)))
+        span.add_link(SpanContext(0, 0, False, TraceFlags(0)))  # invalid
+        span.end()
+
+    run(lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), links=links))
+    run(tracer.start_span("s", links=links))
+    lean, sdk = exporter.get_finished_spans()
+    assert [e.name for e in lean.events] == [e.name for e in sdk.events] == ["e0", "e1", "e2"][3 - max_events:]
+    assert [link.context.span_id for link in lean.links] == [link.context.span_id for link in sdk.links]
+    assert [link.context.span_id for link in lean.links] == [1, 2, 3, 4][4 - max_links:]
+    assert (lean.dropped_events, lean.dropped_links) == (sdk.dropped_events, sdk.dropped_links) == (
+        3 - max_events, 4 - max_links)
     provider.shutdown()
 
 
