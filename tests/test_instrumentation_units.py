@@ -148,3 +148,20 @@ def test_the_end_of_fit_never_raises_into_verl():
     finally:
         _trainer.current.bind(None, "")
     assert "fit_end" in str(health.snapshot()["failures"])
+
+
+def test_only_numeric_server_meta_becomes_span_attributes(make_pipeline):
+    from otel_verl import events
+
+    pipeline = make_pipeline()
+    meta = {"e2e_latency": 0.5, "queue_time": np.float64(0.25), "cached_tokens": 3, "aborted": True,
+            "finish_reason": "stop", "weights": np.int64(7)}
+    with events.trajectory("u1", "0", step=1, agent_name="a"):
+        with events.llm_call([1, 2], model="m") as turn:
+            with events.llm_server_call(turn.carrier(), request_id="r", provider="sglang") as call:
+                call.record_meta(meta)
+            turn.finish([3], stop_reason="stop", server_meta=meta)
+    by_name = {s.name: dict(s.attributes) for s in pipeline.spans()}
+    for name in ("chat m", "verl.llm_server.generate"):
+        kept = {k[len("verl.llm.server."):]: v for k, v in by_name[name].items() if k.startswith("verl.llm.server.")}
+        assert kept == {"e2e_latency": 0.5, "queue_time": 0.25, "cached_tokens": 3}  # no bool, str or np.int64

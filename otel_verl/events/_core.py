@@ -60,6 +60,12 @@ def _text(value: Any) -> str:
     return s if len(s) <= sc.MAX_TEXT_CHARS else s[: sc.MAX_TEXT_CHARS]
 
 
+def _is_number(value: Any) -> bool:
+    """An int or float (numpy's float64 too), not a bool: a server meta value worth keeping."""
+    vtype = type(value)
+    return vtype is float or vtype is int or (vtype is not bool and isinstance(value, (int, float)))
+
+
 def _capturing_content() -> bool:
     """Message content goes on spans only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT opts in."""
     rt = _runtime

@@ -12,6 +12,7 @@ from otel_verl.lean_span import set_trusted
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
+    _is_number,
     _text,
     _start_guarded,
     SpanScope,
@@ -32,7 +33,7 @@ class ServerCall:
     def record_meta(self, meta: Mapping[str, Any]) -> None:
         """Keep the numeric keys of an engine's meta_info (names vary by version)."""
         for key, value in meta.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if _is_number(value):
                 self.meta[str(key)] = value
                 if self.span is not None:
                     set_trusted(self.span, sc.llm_server_meta_attribute(key), value)

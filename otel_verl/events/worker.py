@@ -19,6 +19,7 @@ from otel_verl.events import _core
 from otel_verl.events._core import (
     _text,
     _capturing_content,
+    _is_number,
     _content,
     _messages_json,
     _sample_root_context,
@@ -223,8 +224,7 @@ class Turn:
         if data.finish_reason:
             attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
         for key, value in data.server_meta.items():
-            vtype = type(value)  # numbers only, as the server kept them
-            if vtype is float or vtype is int or (vtype is not bool and isinstance(value, (int, float))):
+            if _is_number(value):  # as the server kept them
                 attrs[sc.llm_server_meta_attribute(key)] = value
         set_trusted_many(span, attrs)
         if self._decode is not None:

@@ -374,12 +374,12 @@ class _Request(list):
 
 
 class _SizeBoundExport:
-    """Export for the exporters below: a batch goes out as requests of at most
-    ``max_request_bytes``, in order, until one fails. The rest of the batch is not sent:
-    a refusing or unreachable endpoint would make every further request wait out the
-    exporter's timeout and retries again. ``failed_spans``: how many spans of the last
-    batch were not delivered (read by the drop counting, which would otherwise count the
-    whole batch)."""
+    """``export`` for the SDK exporters below (first among their bases, so ``super()`` is
+    the SDK's): a batch goes out as requests of at most ``max_request_bytes``, in order,
+    until one fails. The rest of the batch is not sent: a refusing or unreachable
+    endpoint would make every further request wait out the exporter's timeout and
+    retries again. ``failed_spans``: how many spans of the last batch were not delivered
+    (read by the drop counting, which would otherwise count the whole batch)."""
 
     max_request_bytes = MAX_REQUEST_BYTES
     failed_spans = 0
@@ -389,14 +389,11 @@ class _SizeBoundExport:
 
         delivered = 0
         for request_spans, data in encode_requests(spans, self.max_request_bytes):
-            if self._send(_Request(request_spans, data)) is not SpanExportResult.SUCCESS:
+            if super().export(_Request(request_spans, data)) is not SpanExportResult.SUCCESS:
                 break
             delivered += len(request_spans)
         self.failed_spans = len(spans) - delivered
         return SpanExportResult.FAILURE if self.failed_spans else SpanExportResult.SUCCESS
-
-    def _send(self, request: _Request) -> Any:
-        raise NotImplementedError
 
 
 _sdk_http_encode: Any = None
@@ -420,8 +417,7 @@ def http_span_exporter(max_request_bytes: int = MAX_REQUEST_BYTES, **kwargs: Any
         module.encode_spans = _http_encode_spans
 
     class HttpSpanExporter(_SizeBoundExport, module.OTLPSpanExporter):
-        def _send(self, request: _Request) -> Any:
-            return module.OTLPSpanExporter.export(self, request)
+        pass
 
     exporter = HttpSpanExporter(**kwargs)
     exporter.max_request_bytes = max_request_bytes
@@ -434,9 +430,6 @@ def grpc_span_exporter(max_request_bytes: int = MAX_REQUEST_BYTES, **kwargs: Any
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     class GrpcSpanExporter(_SizeBoundExport, OTLPSpanExporter):
-        def _send(self, request: _Request) -> Any:
-            return OTLPSpanExporter.export(self, request)
-
         def _translate_data(self, data: Sequence[Any]) -> Any:
             # parsing the bytes back is C (upb) work: a few µs per span
             encoded = data.data if isinstance(data, _Request) else encode_spans_bytes(data)
