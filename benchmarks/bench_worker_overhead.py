@@ -283,7 +283,7 @@ LOOP_THREAD = "event loop"
 TRACING_THREADS = "otel_verl threads"  # writer threads + the OTLP export thread
 
 
-GC_FULL = "gc full collections"
+GC_COLLECTIONS = ("gc young collections", "gc middle collections", "gc full collections")  # by generation
 GC_SECONDS = "gc seconds"  # CPU in collections of any generation, whichever thread ran them
 
 
@@ -295,18 +295,17 @@ def _gc_counters() -> Dict[str, float]:
 
     counters = getattr(builtins, "_otel_verl_bench_gc", None)
     if counters is None:
-        counters = builtins._otel_verl_bench_gc = {GC_FULL: 0.0, GC_SECONDS: 0.0, "started": 0.0}
+        counters = builtins._otel_verl_bench_gc = dict.fromkeys((*GC_COLLECTIONS, GC_SECONDS, "started"), 0.0)
 
         def probe(phase: str, info: Dict[str, Any]) -> None:
             if phase == "start":
                 counters["started"] = time.thread_time()
                 return
             counters[GC_SECONDS] += time.thread_time() - counters["started"]
-            if info.get("generation") == 2:
-                counters[GC_FULL] += 1
+            counters[GC_COLLECTIONS[min(2, int(info.get("generation", 0)))]] += 1
 
         gc.callbacks.append(probe)
-    return {GC_FULL: counters[GC_FULL], GC_SECONDS: counters[GC_SECONDS]}
+    return {key: counters[key] for key in (*GC_COLLECTIONS, GC_SECONDS)}
 
 
 def _actor_threads_cpu(actor: Any = None) -> Dict[str, float]:
@@ -713,7 +712,8 @@ def run_e2e(args: argparse.Namespace, sink: SpanSink, work: str) -> Dict[str, An
         for w in windows:
             print(f"  ab step ({'on ' if w['traced'] else 'off'}): worker CPU {w['cpu_s']:.3f}s over {w['wall_s']:.1f}s, "
                   f"{w['trajectories']} trajectories, {w['llm_turns']} LLM turns; "
-                  + ", ".join(f"{k} {v:.2f}s" for k, v in w["threads"].items()), flush=True)
+                  + ", ".join(f"{k} {v:.0f}" if k in GC_COLLECTIONS else f"{k} {v:.2f}s"
+                              for k, v in w["threads"].items()), flush=True)
         per_traj = {t: [w["cpu_s"] / w["trajectories"] for w in windows if w["traced"] is t and w["trajectories"]]
                     for t in (True, False)}
         per_turn = {t: [w["cpu_s"] / w["llm_turns"] for w in windows if w["traced"] is t and w["llm_turns"]]
@@ -727,8 +727,8 @@ def run_e2e(args: argparse.Namespace, sink: SpanSink, work: str) -> Dict[str, An
         out["ab"] = {
             "windows": windows,
             "per_kind_us": per_kind,
-            "full_gcs_per_step": {t: _median([w["threads"].get(GC_FULL, 0.0) for w in windows if w["traced"] is t])
-                                  for t in (True, False)},
+            "gcs_per_step": {t: [_median([w["threads"].get(key, 0.0) for w in windows if w["traced"] is t])
+                                 for key in GC_COLLECTIONS] for t in (True, False)},
             "on_per_trajectory_us": _median(per_traj[True]) * 1e6,
             "off_per_trajectory_us": _median(per_traj[False]) * 1e6,
             "per_trajectory_us": (_median(per_traj[True]) - _median(per_traj[False])) * 1e6,
@@ -835,8 +835,9 @@ def report(args: argparse.Namespace, e2e: Optional[Dict[str, Any]], micro: Optio
             f"| {ab['per_kind_us'][kind][True] - ab['per_kind_us'][kind][False]:.0f} us |"
             for kind in (LOOP_THREAD, TRACING_THREADS, "other threads")
         ] + [
-            f"| garbage collection (any thread; {ab['full_gcs_per_step'][False]:.0f} / "
-            f"{ab['full_gcs_per_step'][True]:.0f} full collections a step, all workers) "
+            "| garbage collection (any thread; young / middle / full collections a step, all workers: "
+            f"{'/'.join(f'{c:.0f}' for c in ab['gcs_per_step'][False])} paused, "
+            f"{'/'.join(f'{c:.0f}' for c in ab['gcs_per_step'][True])} on) "
             f"| {ab['per_kind_us'][GC_SECONDS][False]:.0f} us | {ab['per_kind_us'][GC_SECONDS][True]:.0f} us "
             f"| {ab['per_kind_us'][GC_SECONDS][True] - ab['per_kind_us'][GC_SECONDS][False]:.0f} us |",
             f"| one-time pipeline set-up (all workers, before fit) | | {ab['setup_cpu_s'] * 1000:.0f} ms | |",
