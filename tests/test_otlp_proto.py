@@ -160,6 +160,23 @@ def test_values_left_to_the_sdk_encoder_are_split_too():
         assert _parsed(data) == encode_spans(request_spans)
 
 
+def test_a_resource_value_left_to_the_sdk_encoder_falls_back_too():
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource({"service.name": "t", "huge": 1 << 64}))  # int64 overflow
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    for i in range(3):
+        provider.get_tracer("t").start_span(f"s{i}").end()
+    spans = memory.get_finished_spans()
+    requests = otlp_proto.encode_requests(spans)
+    assert [list(r) for r, _ in requests] == [list(spans)]
+    assert _parsed(requests[0][1]) == encode_spans(spans)
+
+
 def test_a_refused_request_ends_the_batch_and_only_undelivered_spans_count_as_dropped(make_pipeline):
     from otel_verl import health
     from otel_verl.sampling import _CountingExporter

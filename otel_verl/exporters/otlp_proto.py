@@ -269,10 +269,13 @@ def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) ->
     """``spans`` as ``ExportTraceServiceRequest`` bytes of at most ``max_bytes`` each
     (in order; a span larger than that on its own gets a request of its own):
     ``[(the request's spans, its bytes), ...]``."""
-    try:
-        entries = _entries(spans)
+    try:  # a resource or scope value is encoded only while splitting: guard all of it
+        return _split(spans, _entries(spans), max_bytes)
     except Exception as exc:
         return _sdk_requests(list(spans), max_bytes, exc)
+
+
+def _split(spans: Sequence[Any], entries: List[Tuple[Any, Any, bytes]], max_bytes: int) -> List[Tuple[Sequence[Any], bytes]]:
     requests: List[Tuple[Sequence[Any], bytes]] = []
     start = size = 0
     headers: set = set()  # (resource, scope) groups the current request already pays for
