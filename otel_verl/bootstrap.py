@@ -129,16 +129,11 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
         # a raising span processor is counted (health), never raised into training code
         active_span_processor=IsolatingSpanProcessor(),
     )
-    for processor in _legacy_processors(cfg):
-        tracer_provider.add_span_processor(processor)
-        _legacy.append(processor)
-    if cfg.otlp_endpoint:
-        tracer_provider.add_span_processor(_counting(_batch_processor(_otlp_exporter()), "otlp"))
-    if cfg.write_otlp_files:
-        from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
-
-        exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        tracer_provider.add_span_processor(_counting(_batch_processor(exporter), "otlp_json_file"))
+    if cfg.offloads(role):
+        tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))
+    else:
+        for processor in output_processors(cfg):
+            tracer_provider.add_span_processor(processor)
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(tracer_provider)
     else:
@@ -146,6 +141,32 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, __version__)
     events._install(events._Runtime(tracer, id_generator, cfg, sampler))
     return tracer_provider
+
+
+def output_processors(cfg: settings_mod.Settings) -> List[Any]:
+    """The span processors writing this process's outputs: the legacy files (a trace dir
+    set), OTLP (an endpoint set), the embedded OTLP-JSON files (a trace dir, no endpoint).
+    Also what the export process of :mod:`otel_verl.offload` runs."""
+    processors = _legacy_processors(cfg)
+    _legacy.extend(processors)
+    if cfg.otlp_endpoint:
+        processors.append(_counting(_batch_processor(_otlp_exporter()), "otlp"))
+    if cfg.write_otlp_files:
+        from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
+
+        exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
+        processors.append(_counting(_batch_processor(exporter), "otlp_json_file"))
+    return processors
+
+
+def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
+    """One processor handing every span to an export process that runs
+    :func:`output_processors` (see :mod:`otel_verl.offload`)."""
+    from otel_verl.offload.forwarder import OffloadSpanProcessor
+    from otel_verl.offload.wire import HostConfig
+
+    config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
+    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending)
 
 
 def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:

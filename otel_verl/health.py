@@ -34,6 +34,19 @@ def record_failure(where: str, exc: BaseException) -> None:
                        where, type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
 
 
+def record_failures(where: str, count: int, context: str) -> None:
+    """``count`` failures counted elsewhere (another process of ours); logged the first time."""
+    if count <= 0:
+        return
+    with _lock:
+        _failures[where] += count
+        first = where not in _reported
+        _reported.add(where)
+    if first:
+        logger.warning("otel_verl: %s failed %d time(s) %s; tracing goes on, further failures here are counted only",
+                       where, count, context)
+
+
 def record_dropped(output: str, count: int, reason: str) -> None:
     """Count ``count`` items of ``output`` that could not be written; log the first loss."""
     if count <= 0:

@@ -22,6 +22,7 @@ JSONL_MAX_MB = "OTEL_VERL_JSONL_MAX_MB"
 MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
 WRITER_MAX_PENDING = "OTEL_VERL_WRITER_MAX_PENDING"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
+OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1: outputs written by an export process (otel_verl.offload); default 0
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -79,6 +80,15 @@ class Settings:
     writer_max_pending: int
     otlp_file: Optional[bool]
     sdk_disabled: bool
+    offload: Optional[bool] = None  # None: not yet decided by role (off for now)
+
+    def offloads(self, role: str) -> bool:
+        """Whether a process of ``role`` writes its outputs from an export process
+        (:mod:`otel_verl.offload`): a rollout worker's event loop runs every agent loop
+        of the worker, and the outputs' formatting, encoding and sending take that
+        loop's CPU (and GIL) per trajectory. Opt-in (``OTEL_VERL_OFFLOAD=1``) until the
+        demo and fault suites have run with it on by default for rollout workers."""
+        return bool(self.offload)
 
     @property
     def enabled(self) -> bool:
@@ -116,6 +126,7 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         writer_max_pending=_positive_int(env, WRITER_MAX_PENDING, 1 << 20),
         otlp_file=None if env.get(OTLP_FILE) is None else _flag(env, OTLP_FILE, True),
         sdk_disabled=_flag(env, SDK_DISABLED, False),
+        offload=None if env.get(OFFLOAD) is None else _flag(env, OFFLOAD, False),
     )
 
 

@@ -43,6 +43,19 @@ _FILE_MODE = 0o644  # ordinary permissions: never world-writable
 _DIR_MODE = 0o755
 
 _live_writers: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
+_output_pid = 0  # see name_outputs_after
+
+
+def name_outputs_after(pid: int) -> None:
+    """Name this process's output files after ``pid``: the export process
+    (:mod:`otel_verl.offload`) writes the files of the process whose spans it gets."""
+    global _output_pid
+    _output_pid = int(pid)
+
+
+def output_pid() -> int:
+    """The pid output file names carry (this process's, unless told otherwise)."""
+    return _output_pid or os.getpid()
 
 
 def _start_afresh_in_child() -> None:

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_verl import health
-from otel_verl.exporters._writer import make_dirs
+from otel_verl.exporters._writer import make_dirs, output_pid
 
 logger = logging.getLogger("otel_verl")
 
@@ -88,7 +88,7 @@ class OtlpJsonFileExporter(SpanExporter):
     # ------------------------------------------------------------------ files
 
     def _append(self, data: bytes) -> None:
-        if self._fd < 0 or self._pid != os.getpid() or self._size >= self.max_file_bytes:
+        if self._fd < 0 or self._pid != output_pid() or self._size >= self.max_file_bytes:
             self._open_next()
         written = 0
         view = memoryview(data)
@@ -115,7 +115,7 @@ class OtlpJsonFileExporter(SpanExporter):
     def _open_next(self) -> None:
         """Open the file to append to: the first one, the next one when the current is
         full, the same one again after a write error, a new series in a forked child."""
-        pid = os.getpid()
+        pid = output_pid()
         if pid != self._pid:
             self._index = 0
         elif self._fd >= 0:  # open and full: rotate

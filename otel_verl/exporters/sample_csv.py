@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
+from otel_verl.exporters import _writer
 from otel_verl.exporters._writer import BackgroundWriter
 from otel_verl.record import SpanRecord, record_of
 from otel_verl.semconv import Kind
@@ -446,7 +447,7 @@ class SampleCsvProcessor(SpanProcessor):
     @property
     def path(self) -> str:
         """This process's CSV file (a forked child writes its own)."""
-        pid = _pid
+        pid = _writer._output_pid or _pid
         if self._path_pid != pid:
             self._path = os.path.join(self.directory, f"{self._hostname}-pid{pid}.csv")
             self._path_pid = pid

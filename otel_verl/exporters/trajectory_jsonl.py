@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter
+from otel_verl.exporters._writer import BackgroundWriter, output_pid
 from otel_verl.exporters.sample_csv import write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.record import TrajectoryData, TurnData, record_of
@@ -112,7 +112,7 @@ class _TrajectoryFiles:
         self._announced = False
 
     def path_for(self, n_bytes: int) -> str:
-        pid = os.getpid()
+        pid = output_pid()
         if self.path is None or self.size >= self.max_bytes or pid != self._pid:
             self._start_file(pid)
         self.size += n_bytes

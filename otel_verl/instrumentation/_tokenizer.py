@@ -50,13 +50,24 @@ def _backend_decoder(tokenizer: Any, decode: Callable[..., str]) -> Optional[Cal
     )
     if not stock or backend_decode is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None
+    return BackendDecode(backend_decode, decode)
 
-    def decode_text(ids: Any, skip_special_tokens: bool = False) -> str:
+
+class BackendDecode:
+    """The backend's decode for plain id lists, ``tokenizer.decode`` for anything else.
+    A class rather than a closure: it pickles (with its tokenizer) for the export
+    process of :mod:`otel_verl.offload`, which decodes the trajectory JSONL's texts."""
+
+    __slots__ = ("backend_decode", "decode")
+
+    def __init__(self, backend_decode: Callable[..., str], decode: Callable[..., str]) -> None:
+        self.backend_decode = backend_decode
+        self.decode = decode
+
+    def __call__(self, ids: Any, skip_special_tokens: bool = False) -> str:
         if type(ids) is list:  # the agent loops' plain id lists
             try:
-                return backend_decode(ids, skip_special_tokens=skip_special_tokens)
+                return self.backend_decode(ids, skip_special_tokens=skip_special_tokens)
             except (TypeError, ValueError, OverflowError):
                 pass
-        return decode(ids, skip_special_tokens=skip_special_tokens)
-
-    return decode_text
+        return self.decode(ids, skip_special_tokens=skip_special_tokens)

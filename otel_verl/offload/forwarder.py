@@ -1,0 +1,301 @@
+"""The traced process's side: a span processor that hands every span to the export process.
+
+On the calling thread (a rollout worker's event loop) ``on_start`` / ``on_end`` only
+append the span to a deque. A sender thread takes them a batch at a time, snapshots
+them (:mod:`otel_verl.offload.wire`), pickles the batch and writes it to the export
+process's stdin; a reply thread reads the export process's flush answers and health
+counters. Nothing here waits on the export process except :meth:`force_flush` and
+:meth:`shutdown`, which are asked to.
+
+Losses are counted, never silent: spans beyond ``max_pending`` waiting (the export
+process cannot keep up), spans that were never sent because the export process could
+not start or died, and whatever the export process itself counted (its counters come
+back with every flush answer and at its exit).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Dict, List, Optional, Tuple
+
+from opentelemetry.sdk.trace import SpanProcessor
+
+from otel_verl import health
+from otel_verl.offload import wire
+from otel_verl.semconv import Kind
+
+logger = logging.getLogger("otel_verl")
+
+OUTPUT = "offload"  # the health counters' name for spans the export process never got
+_FLUSH = object()  # a flush marker in the span deque
+HOST_ENV = "OTEL_VERL_OFFLOAD_HOST"  # set in the export process (it must not trace itself)
+
+
+class OffloadSpanProcessor(SpanProcessor):
+    """Runs the given outputs in a child process ("the export process") fed with this
+    process's spans; see the module docs."""
+
+    on_start_kinds = frozenset(Kind)  # the outputs write rows when events-API spans start
+    on_end_kinds = None  # every span: OTLP exports spans of other tracers on this provider too
+
+    def __init__(
+        self,
+        config: wire.HostConfig,
+        *,
+        max_pending: int = 1 << 16,
+        batch_interval_s: float = 0.05,
+        max_batch: int = 512,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self._config = config
+        self._max_pending = max_pending
+        self._interval = batch_interval_s
+        self._max_batch = max_batch
+        self._start_timeout = start_timeout_s
+        self._start()
+        _live.add(self)
+
+    # ------------------------------------------------------------------ span processor (any thread)
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pending = self._pending
+        if len(pending) < self._max_pending and self._alive:
+            pending.append((wire.START, span))
+        else:
+            self._refused(wire.START, span)
+
+    def on_end(self, span: Any) -> None:
+        pending = self._pending
+        if len(pending) < self._max_pending and self._alive:
+            pending.append((wire.END, span))
+            if len(pending) >= self._max_batch:
+                self._wake.set()
+        else:
+            self._refused(wire.END, span)
+
+    def _refused(self, what: int, span: Any) -> None:
+        if self._forked:  # first span of a forked child that traces: its own export process
+            self._forked = False
+            self._start()
+            if self._alive:
+                self._pending.append((what, span))
+                return
+        self._lost(1, "the export process is not keeping up" if self._alive else self._why_dead)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Everything handed over so far written and exported by the export process."""
+        if not self._alive:
+            return False
+        with self._replies:
+            self._flush_seq += 1
+            seq = self._flush_seq
+        self._pending.append((_FLUSH, seq))
+        self._wake.set()
+        deadline = time.monotonic() + timeout_millis / 1000.0
+        with self._replies:
+            while self._answered < seq and self._alive:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._replies.wait(left)
+            return self._answered >= seq and self._flushed_ok
+
+    def shutdown(self) -> None:
+        """Send what is pending, let the export process finish its outputs, wait for it."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        if self._sender.is_alive():
+            self._sender.join(self._start_timeout)
+        process = self._process
+        if process is not None:
+            try:
+                process.stdin.close()
+            except (OSError, ValueError):
+                pass
+            try:
+                process.wait(self._start_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                self._lost(len(self._pending), "the export process did not finish in time")
+        if self._replier.is_alive():
+            self._replier.join(5.0)
+        _live.discard(self)
+
+    # ------------------------------------------------------------------ start, sender, replies
+
+    def _start(self) -> None:
+        self._pending: deque = deque()
+        self._wake = threading.Event()
+        self._replies = threading.Condition()
+        self._flush_seq = self._answered = 0
+        self._flushed_ok = True
+        self._closing = self._forked = False
+        self._alive = True
+        self._why_dead = ""
+        self._process: Optional[subprocess.Popen] = None
+        self._codecs: Dict[Any, int] = {}
+        self._unsent_codecs: List[Tuple[int, bytes]] = []
+        self._host_counts: Dict[str, Dict[str, int]] = {"failures": {}, "dropped": {}}
+        self._snapshots = wire.Snapshotter(self._codec_id)
+        self._pid = os.getpid()
+        try:
+            reply_read, reply_write = os.pipe()
+            env = dict(os.environ)
+            env[HOST_ENV] = "1"
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
+                stdin=subprocess.PIPE, pass_fds=(reply_write,), env=env, close_fds=True,
+            )
+            os.close(reply_write)
+            _widen_pipe(self._process.stdin.fileno())
+            self._reply_pipe = os.fdopen(reply_read, "rb")
+            wire.write_frame(self._process.stdin, ("config", self._config))
+        except Exception as exc:
+            health.record_failure("offload.start", exc)
+            self._dead(f"the export process could not start ({type(exc).__name__}: {exc})")
+        self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
+        self._replier = threading.Thread(target=self._reply_loop, name="otel-verl-offload-replies", daemon=True)
+        if self._process is not None:
+            self._sender.start()
+            self._replier.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            closing = self._closing
+            self._send_pending()
+            if closing or not self._alive:
+                return
+
+    def _send_pending(self) -> None:
+        pending, snapshots = self._pending, self._snapshots
+        while pending and self._alive:
+            batch, flushes = [], []
+            while pending and len(batch) < self._max_batch:
+                what, item = pending.popleft()
+                if what is _FLUSH:
+                    flushes.append(item)
+                    break  # spans queued after a flush marker go in the next frame
+                try:
+                    batch.append(snapshots.start(item) if what == wire.START else snapshots.end(item))
+                except Exception as exc:
+                    health.record_failure("offload.snapshot", exc)
+            self._write(batch, flushes)
+
+    def _write(self, batch: List[tuple], flushes: List[int]) -> None:
+        stdin = self._process.stdin  # type: ignore[union-attr]
+        try:
+            for codec in self._unsent_codecs:
+                wire.write_frame(stdin, ("codec",) + codec)
+            self._unsent_codecs = []
+            if batch:
+                wire.write_frame(stdin, ("spans", batch))
+            for seq in flushes:
+                wire.write_frame(stdin, ("flush", seq))
+        except Exception as exc:  # a dead export process (EPIPE) or an unpicklable value
+            if isinstance(exc, (OSError, ValueError)):
+                self._dead(f"the export process is gone ({type(exc).__name__}: {exc})")
+            else:
+                health.record_failure("offload.send", exc)
+            self._lost(len(batch), self._why_dead or "a batch could not be sent")
+
+    def _codec_id(self, decode: Any, encode: Any) -> int:
+        key = (decode, encode)  # bound methods compare equal for the same tokenizer
+        try:
+            return self._codecs[key]
+        except KeyError:
+            pass
+        codec_id = len(self._codecs)
+        try:
+            self._unsent_codecs.append((codec_id, pickle.dumps(key, wire.PICKLE_PROTOCOL)))
+        except Exception as exc:
+            # The trajectory JSONL then has no texts for this tokenizer's trajectories.
+            health.record_failure("offload.tokenizer", exc)
+            codec_id = wire.UNSENDABLE_CODEC
+        self._codecs[key] = codec_id
+        return codec_id
+
+    def _reply_loop(self) -> None:
+        while True:
+            try:
+                reply = wire.read_frame(self._reply_pipe)
+            except Exception as exc:
+                health.record_failure("offload.replies", exc)
+                reply = None
+            if reply is None:  # the export process has exited
+                if not self._closing:
+                    self._dead("the export process exited")
+                with self._replies:
+                    self._replies.notify_all()
+                return
+            seq, ok, counts = reply
+            self._merge_counts(counts)
+            with self._replies:
+                self._answered = max(self._answered, seq)
+                self._flushed_ok = ok
+                self._replies.notify_all()
+
+    def _merge_counts(self, counts: Dict[str, Dict[str, int]]) -> None:
+        """The export process's own losses and failures, counted here too (once)."""
+        seen = self._host_counts
+        for name, count in counts.get("dropped", {}).items():
+            health.record_dropped(name, count - seen["dropped"].get(name, 0), "counted in the export process")
+        for name, count in counts.get("failures", {}).items():
+            health.record_failures(name, count - seen["failures"].get(name, 0), "in the export process")
+        self._host_counts = counts
+
+    def _dead(self, why: str) -> None:
+        self._alive = False
+        self._why_dead = why
+        pending = self._pending
+        lost = sum(1 for what, _ in list(pending) if what is not _FLUSH)
+        pending.clear()
+        self._lost(lost, why)
+
+    def _lost(self, count: int, why: str) -> None:
+        health.record_dropped(OUTPUT, count, why)
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's export process and threads are the parent's. A forked child that
+        # traces gets its own when its first span comes (most forked children never do).
+        self._pending = deque()
+        self._process = None
+        self._alive, self._forked, self._why_dead = False, True, "forked child"
+
+
+def _widen_pipe(fd: int) -> None:
+    """A batch is a few hundred KB: with Linux's default 64 KB pipe the sender would
+    sleep and wake (and the export process read) several times a batch."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except (ImportError, OSError):
+        pass  # a smaller pipe only costs more wake-ups
+
+
+_PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+_live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()
+
+
+def _restart_in_child() -> None:
+    for processor in list(_live):
+        try:
+            processor._after_fork_in_child()
+        except Exception as exc:
+            health.record_failure("offload.fork", exc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restart_in_child)

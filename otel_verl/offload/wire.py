@@ -1,0 +1,270 @@
+"""What goes between a traced process and its export process: frames and span snapshots.
+
+A frame is a 4-byte big-endian length and a pickle of one message (both ends are the
+same otel_verl in the same Python environment). Messages, as tuples:
+
+- ``("config", HostConfig)``: first, once;
+- ``("codec", codec_id, pickled (decode, encode))``: a tokenizer's functions, once each,
+  before the first trajectory that names them;
+- ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened;
+- ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
+  everything sent before it has been written and exported.
+
+A snapshot holds plain values only (tuples, dicts, lists, str, int, float), so pickling
+never runs Python code that could let the agent loop's thread change a value half-way.
+
+Record data that belongs to a trajectory still running (an LLM call's ``TurnData``, the
+reward span's ``TrajectoryData``) is not sent with those spans: no output reads it there,
+and the trajectory's own end carries all of it, complete. A trajectory's start carries
+its identity only (uid, traj_uid, step, agent, trainer API, n).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from otel_verl.lean_span import RECORD_ATTR
+from otel_verl.record import SpanRecord, TrajectoryData, TurnData
+from otel_verl.semconv import Kind
+
+START, END = 0, 1
+# How a span's record data travels: as it is, a trajectory's identity, a whole trajectory.
+_AS_IS, _IDENTITY, _TRAJECTORY = 0, 1, 2
+_HEADER = struct.Struct(">I")
+PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """What the export process needs to write the outputs of the process it serves."""
+
+    settings: Any  # otel_verl.settings.Settings
+    resource_attributes: Dict[str, Any]
+    resource_schema_url: str
+    pid: int  # the served process: files are named after it
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def write_frame(out: BinaryIO, message: Any) -> int:
+    body = pickle.dumps(message, PICKLE_PROTOCOL)
+    out.write(_HEADER.pack(len(body)))
+    out.write(body)
+    out.flush()
+    return len(body)
+
+
+def read_frame(source: BinaryIO) -> Any:
+    """The next message, or ``None`` at the end of the stream."""
+    header = _read_exactly(source, _HEADER.size)
+    if header is None:
+        return None
+    body = _read_exactly(source, _HEADER.unpack(header)[0])
+    if body is None:
+        return None
+    return pickle.loads(body)
+
+
+def _read_exactly(source: BinaryIO, size: int) -> Optional[bytes]:
+    chunks, left = [], size
+    while left:
+        chunk = source.read(left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- snapshots (sender)
+
+
+class Snapshotter:
+    """Turns started / ended spans into plain tuples; ``codec_id`` names a trajectory's
+    (decode, encode) pair (the sender ships each pair once).
+
+    Runs on the sender thread, a trajectory's spans at a time: it reads the SDK's span
+    fields directly (``ReadableSpan``'s private attributes, which every SDK span and
+    :class:`~otel_verl.lean_span.LeanSpan` have) rather than through a dozen properties
+    and enum descriptors per span."""
+
+    def __init__(self, codec_id: Callable[[Any, Any], int]) -> None:
+        self._codec_id = codec_id
+        self._scopes: Dict[int, tuple] = {}  # id(scope) -> (scope, its tuple): one tuple object, pickled once a batch
+
+    def start(self, span: Any) -> tuple:
+        record = getattr(span, RECORD_ATTR, None)
+        sent = None
+        if record is not None:
+            data = record.data
+            if type(data) is TrajectoryData:
+                sent = (record.kind._value_, _IDENTITY, _identity(data))
+            else:
+                sent = (record.kind._value_, _AS_IS, None if type(data) is TurnData else data)
+        return (START, span._name, _context(span._context), _context(span._parent), span._kind._value_,
+                span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
+
+    def end(self, span: Any) -> tuple:
+        record = getattr(span, RECORD_ATTR, None)
+        sent = None
+        if record is not None:
+            kind, data = record.kind, record.data
+            if type(data) is TrajectoryData:
+                sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is Kind.TRAJECTORY else (kind._value_, _AS_IS, None)
+            else:
+                # a trainer-side record is complete when its span ends; a turn's goes with its trajectory
+                sent = (kind._value_, _AS_IS, None if type(data) is TurnData else data)
+        attributes, events, links, status = span._attributes, span._events, span._links, span._status
+        dropped = None
+        if type(attributes) is not dict or events or links:
+            dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+            attributes = dict(attributes)
+        return (
+            END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
+            attributes, self._scope(span._instrumentation_scope), sent, span._end_time,
+            [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None,
+            [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None,
+            None if status._status_code is StatusCode.UNSET else (status._status_code._value_, status._description),
+            dropped,
+        )
+
+    def _scope(self, scope: Any) -> Optional[tuple]:
+        if scope is None:
+            return None
+        cached = self._scopes.get(id(scope))
+        if cached is None or cached[0] is not scope:
+            cached = self._scopes[id(scope)] = (scope, (scope.name, scope.version, scope.schema_url))
+        return cached[1]
+
+    def _trajectory(self, data: TrajectoryData) -> tuple:
+        turns = [
+            (list(t.prompt_ids), t.start_ts, t.prompt_token_count, t.end_ts, list(t.completion_ids),
+             t.completion_token_count, t.finish_reason, dict(t.server_meta), t.observation_text,
+             t.observation_start_ts, t.observation_end_ts)
+            for t in list(data.turns)
+        ]
+        codec = self._codec_id(data.decode, data.encode) if (data.decode or data.encode) is not None else None
+        return (_identity(data), data.completed_at, turns, dict(data.agent_metrics), data.reward_score,
+                data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
+
+
+def _identity(data: TrajectoryData) -> tuple:
+    return (data.uid, data.traj_uid, data.global_step, data.n_samples, data.agent_name, data.created_at,
+            data.trainer_api)
+
+
+def _context(ctx: Optional[SpanContext]) -> Optional[tuple]:
+    if ctx is None:
+        return None
+    # A SpanContext is a tuple: (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid);
+    # indexing it is C, its properties are Python calls. TraceState keeps its entries in
+    # ``_dict`` (its __len__ is a Python call too).
+    state = ctx[4]
+    entries = getattr(state, "_dict", state)
+    return (ctx[0], ctx[1], ctx[2], int(ctx[3]), tuple(state.items()) if entries else None)
+
+
+# --------------------------------------------------------------------------- spans again (host)
+
+
+class RemoteSpan(ReadableSpan):
+    """A span of the served process, as its span processors would have seen it."""
+
+
+class Rebuilder:
+    """Snapshots back into spans for the export process's span processors."""
+
+    def __init__(self, config: HostConfig) -> None:
+        self.resource = Resource(config.resource_attributes, config.resource_schema_url)
+        self._scopes: Dict[tuple, InstrumentationScope] = {}
+        self.codecs: Dict[int, Tuple[Any, Any]] = {}
+
+    def span(self, snapshot: tuple) -> Tuple[int, RemoteSpan]:
+        what, name, ctx, parent, kind, start, attributes, scope, record = snapshot[:9]
+        end_time = events = links = status = dropped = None
+        if what == END:
+            end_time, events, links, status, dropped = snapshot[9:]
+        span = RemoteSpan(
+            name,
+            context=_span_context(ctx),
+            parent=_span_context(parent),
+            resource=self.resource,
+            attributes=attributes,
+            events=[Event(n, a, t) for n, a, t in events] if events else (),
+            links=[Link(_span_context(c), a) for c, a in links] if links else (),
+            kind=SpanKind(kind),
+            status=Status(StatusCode(status[0]), status[1]) if status else Status(StatusCode.UNSET),
+            start_time=start,
+            end_time=end_time,
+            instrumentation_scope=self._scope(scope),
+        )
+        if dropped:
+            span._otel_verl_dropped = dropped  # read by the properties below
+        if record is not None:
+            kind_value, form, data = record
+            setattr(span, RECORD_ATTR, SpanRecord(Kind(kind_value), self._data(form, data)))
+        return what, span
+
+    def _scope(self, scope: Optional[tuple]) -> Optional[InstrumentationScope]:
+        if scope is None:
+            return None
+        made = self._scopes.get(scope)
+        if made is None:
+            made = self._scopes[scope] = InstrumentationScope(*scope)
+        return made
+
+    def _data(self, form: int, data: Any) -> Any:
+        if form == _AS_IS:
+            return data
+        if form == _IDENTITY:
+            return _trajectory_identity(data)
+        identity, completed_at, turns, metrics, score, loop_class, run_ns, reward_row, codec = data
+        decode, encode = self.codecs.get(codec, (None, None)) if codec is not None else (None, None)
+        out = _trajectory_identity(identity)
+        out.completed_at, out.agent_metrics, out.reward_score = completed_at, metrics, score
+        out.agent_loop_class, out.run_completed_ns, out.reward_row = loop_class, run_ns, reward_row
+        out.decode, out.encode = decode, encode
+        out.turns = [
+            TurnData(prompt_ids=p, start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=c,
+                     completion_token_count=cc, finish_reason=fr, server_meta=meta, observation_text=ot,
+                     observation_start_ts=os_, observation_end_ts=oe)
+            for p, s, pc, e, c, cc, fr, meta, ot, os_, oe in turns
+        ]
+        return out
+
+
+def _trajectory_identity(identity: tuple) -> TrajectoryData:
+    uid, traj_uid, step, n, agent, created_at, api = identity
+    return TrajectoryData(uid=uid, traj_uid=traj_uid, global_step=step, n_samples=n, agent_name=agent,
+                          created_at=created_at, trainer_api=api)
+
+
+def _span_context(ctx: Optional[tuple]) -> Optional[SpanContext]:
+    if ctx is None:
+        return None
+    trace_id, span_id, is_remote, flags, state = ctx
+    return SpanContext(trace_id, span_id, is_remote, TraceFlags(flags), TraceState(list(state)) if state else None)
+
+
+def _dropped(index: int) -> Callable[[Any], int]:
+    def count(self: Any) -> int:
+        dropped = getattr(self, "_otel_verl_dropped", None)
+        return dropped[index] if dropped else 0
+
+    return property(count)  # type: ignore[return-value]
+
+
+RemoteSpan.dropped_attributes = _dropped(0)  # type: ignore[assignment]
+RemoteSpan.dropped_events = _dropped(1)  # type: ignore[assignment]
+RemoteSpan.dropped_links = _dropped(2)  # type: ignore[assignment]
+

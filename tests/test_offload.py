@@ -1,0 +1,107 @@
+"""The export process (otel_verl.offload): the outputs it writes for a traced process are
+the ones that process would have written itself; losses and failures on either side are
+counted in the traced process."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+import fault_workload
+from otel_verl import bootstrap, events, health, settings
+from otel_verl.offload.forwarder import OffloadSpanProcessor
+
+UIDS = [f"u{i}" for i in range(6)]
+
+
+class Pipelines:
+    """One provider feeding the in-process outputs (``here``) and an export process
+    (``there``) with the same spans."""
+
+    def __init__(self, here: str, there: str, offload_there: bool = True) -> None:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
+
+        cfg_here = settings.load({settings.TRACE_DIR: here})
+        cfg_there = settings.load({settings.TRACE_DIR: there, settings.OFFLOAD: "1"})
+        ids, sampler = UidIdGenerator(), record_dropped_samples()
+        self.provider = TracerProvider(resource=bootstrap._resource("agent_loop_worker"), sampler=sampler,
+                                       id_generator=ids, active_span_processor=IsolatingSpanProcessor())
+        for processor in bootstrap.output_processors(cfg_here):
+            self.provider.add_span_processor(processor)
+        self.offload = bootstrap._offload(cfg_there, self.provider.resource)
+        assert isinstance(self.offload, OffloadSpanProcessor)
+        self.provider.add_span_processor(self.offload)
+        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), ids, cfg_here, sampler))
+
+    def close(self) -> None:
+        self.provider.shutdown()
+        events._install(None)
+        bootstrap._legacy.clear()
+
+
+@pytest.fixture
+def pipelines(tmp_path, monkeypatch):
+    monkeypatch.setattr(health, "_failures", health.Counter())
+    monkeypatch.setattr(health, "_dropped", health.Counter())
+    made = []
+
+    def make(**kwargs):
+        made.append(Pipelines(str(tmp_path / "here"), str(tmp_path / "there"), **kwargs))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def _files(root: str) -> dict:
+    """Relative path -> bytes; a trajectory file's name without the time it was started."""
+    out = {}
+    for path in glob.glob(os.path.join(root, "**", "*"), recursive=True):
+        if os.path.isfile(path):
+            name = os.path.relpath(path, root)
+            if name.startswith("trajectory/"):
+                name = "_".join(name.split("_")[:2])
+            with open(path, "rb") as f:
+                out[name] = f.read()
+    return out
+
+
+def _otlp_spans(blob: bytes) -> list:
+    spans = []
+    for line in blob.splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                spans += [(json.dumps(rs["resource"], sort_keys=True), json.dumps(s, sort_keys=True)) for s in ss["spans"]]
+    return sorted(spans)
+
+
+def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_path):
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.instrumentation._tokenizer import text_decoder
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    p = pipelines()
+    for step in (1, 2):
+        fault_workload.emit(step, UIDS, 4, fit=step == 1, decode=text_decoder(tokenizer), encode=tokenizer.encode,
+                            observation="tool says 42", prompt_ids=list(range(30, 60)), completion_ids=[70, 71, 72])
+    p.provider.force_flush()
+    here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
+    assert sorted(here) == sorted(there)
+    assert any(name.startswith("trajectory/") for name in here) and any(name.startswith("sample/") for name in here)
+    for name, blob in here.items():
+        if name.startswith("otlp/"):
+            assert _otlp_spans(blob) == _otlp_spans(there[name]), name
+        else:
+            assert blob == there[name], name
+    jsonl = [json.loads(line) for name, blob in there.items() if name.startswith("trajectory/") for line in blob.splitlines()]
+    assert len(jsonl) == 2 * len(UIDS) * 4
+    assert json.loads(jsonl[0]["raw_message"])["turns"][0]["completion_text"]  # decoded in the export process
+    assert health.snapshot() == {"failures": {}, "dropped": {}}
