@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from otel_verl.semconv import Role
+
 TRACE_DIR = "VERL_TRACE_DIR"  # the legacy switch: files under this directory
 FORCE = "OTEL_VERL_ENABLED"  # 1: trace even with no trace dir and no endpoint; 0: never
 RUN_ID = "OTEL_VERL_RUN_ID"
@@ -22,7 +24,7 @@ JSONL_MAX_MB = "OTEL_VERL_JSONL_MAX_MB"
 MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
 WRITER_MAX_PENDING = "OTEL_VERL_WRITER_MAX_PENDING"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
-OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1: outputs written by an export process (otel_verl.offload); default 0
+OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -80,15 +82,19 @@ class Settings:
     writer_max_pending: int
     otlp_file: Optional[bool]
     sdk_disabled: bool
-    offload: Optional[bool] = None  # None: not yet decided by role (off for now)
+    offload: Optional[bool] = None  # None: decided by role
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
         (:mod:`otel_verl.offload`): a rollout worker's event loop runs every agent loop
         of the worker, and the outputs' formatting, encoding and sending take that
-        loop's CPU (and GIL) per trajectory. Opt-in (``OTEL_VERL_OFFLOAD=1``) until the
-        demo and fault suites have run with it on by default for rollout workers."""
-        return bool(self.offload)
+        loop's CPU (and GIL) per trajectory, so rollout workers offload by default.
+        Elsewhere the spans come in per step or per batch and the extra process (its
+        start-up, its memory) is not worth it. ``OTEL_VERL_OFFLOAD`` set wins for
+        every role."""
+        if self.offload is not None:
+            return self.offload
+        return role == Role.AGENT_LOOP_WORKER.value
 
     @property
     def enabled(self) -> bool:

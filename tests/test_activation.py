@@ -50,6 +50,18 @@ def test_bad_switch_value_is_a_clear_user_error():
         settings.load({"OTEL_VERL_JSONL_MAX_MB": "-3"})
 
 
+def test_rollout_workers_offload_their_outputs_by_default():
+    from otel_verl.semconv import Role
+
+    default = settings.load({})
+    assert default.offloads(Role.AGENT_LOOP_WORKER.value)
+    assert not any(default.offloads(role.value) for role in Role if role is not Role.AGENT_LOOP_WORKER)
+    assert all(settings.load({"OTEL_VERL_OFFLOAD": "1"}).offloads(role.value) for role in Role)
+    assert not any(settings.load({"OTEL_VERL_OFFLOAD": "0"}).offloads(role.value) for role in Role)
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_OFFLOAD='sometimes'"):
+        settings.load({"OTEL_VERL_OFFLOAD": "sometimes"})
+
+
 def test_cli_run_rejects_bad_config_without_traceback():
     env = {**os.environ, "OTEL_VERL_FLOW_STDOUT": "maybe"}
     proc = subprocess.run([sys.executable, "-m", "otel_verl.cli", "run", "--", "true"], env=env,

@@ -368,6 +368,49 @@ def test_the_text_decoder_gives_what_tokenizer_decode_gives():
     assert text_decoder(tokenizer) == tokenizer.decode
 
 
+def test_the_tokenizer_functions_reach_the_export_process_as_the_backend_alone(tmp_path):
+    """Unpickled in a process without transformers (the export process), the decode and
+    encode functions give what the tokenizer's own give, and load neither transformers
+    nor torch."""
+    import json
+    import pickle
+    import subprocess
+    import sys
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.instrumentation._tokenizer import BackendEncode, text_decoder, text_encoder
+    from otel_verl.offload import wire
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
+    encode = text_encoder(tokenizer)
+    assert isinstance(encode, BackendEncode) and text_encoder(tokenizer) is encode  # chosen once
+    texts = ["Hello, world! 12 + 30 = 42", "", "  spaced   out\n\ttabs", "w\u00f6rd \u6f22\u5b57 \U0001f600",
+             f"{tokenizer.eos_token} inside {tokenizer.eos_token}"]
+    assert encode(texts[0], add_special_tokens=False) == tokenizer.encode(texts[0], add_special_tokens=False)
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    (tmp_path / "codec.pkl").write_bytes(wire.dumps_codec((text_decoder(tokenizer), encode)))
+    probe = (
+        "import json, pickle, sys\n"
+        f"decode, encode = pickle.loads(open({str(tmp_path / 'codec.pkl')!r}, 'rb').read())\n"
+        f"texts, ids = json.loads({json.dumps(json.dumps([texts, ids]))})\n"
+        "out = {'encoded': [encode(t, add_special_tokens=False) for t in texts],\n"
+        "       'decoded': [[decode(i, skip_special_tokens=s) for s in (False, True)] for i in ids],\n"
+        "       'loaded': sorted(m for m in ('transformers', 'torch') if m in sys.modules)}\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["loaded"] == []
+    assert out["encoded"] == ids
+    assert out["decoded"] == [[tokenizer.decode(i, skip_special_tokens=s) for s in (False, True)] for i in ids]
+    backend_only = pickle.loads(pickle.dumps(text_decoder(tokenizer)))
+    assert backend_only(np.array(ids[0])) == tokenizer.decode(ids[0])  # not only plain lists
+
+
 def test_a_scope_that_fails_before_its_end_still_ends_the_span(make_pipeline, monkeypatch):
     from otel_verl import events, health
     from otel_verl.events import worker

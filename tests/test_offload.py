@@ -85,12 +85,12 @@ def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_pa
     from transformers import AutoTokenizer
 
     from otel_verl.demo.tiny_model import ensure_tiny_model
-    from otel_verl.instrumentation._tokenizer import text_decoder
+    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
     p = pipelines()
     for step in (1, 2):
-        fault_workload.emit(step, UIDS, 4, fit=step == 1, decode=text_decoder(tokenizer), encode=tokenizer.encode,
+        fault_workload.emit(step, UIDS, 4, fit=step == 1, decode=text_decoder(tokenizer), encode=text_encoder(tokenizer),
                             observation="tool says 42", prompt_ids=list(range(30, 60)), completion_ids=[70, 71, 72])
     p.provider.force_flush()
     here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
@@ -105,3 +105,50 @@ def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_pa
     assert len(jsonl) == 2 * len(UIDS) * 4
     assert json.loads(jsonl[0]["raw_message"])["turns"][0]["completion_text"]  # decoded in the export process
     assert health.snapshot() == {"failures": {}, "dropped": {}}
+
+
+def test_decode_functions_made_per_trajectory_reach_the_export_process(pipelines, tmp_path):
+    """An agent loop may hand over a closure rather than a tokenizer's method, a new one
+    per trajectory: each goes over by value (its texts are in the JSONL), and neither side
+    keeps more than a few of them."""
+    from otel_verl.offload import forwarder
+
+    p = pipelines()
+    count = 3 * forwarder._MAX_CODECS
+    for i in range(count):
+        with events.trajectory(f"u{i}", "0", step=1, agent_name="a", decode=lambda ids, i=i, **kw: f"text of {i}"):
+            with events.llm_call([1, 2, 3], model="m") as turn:
+                turn.finish([4, 5], stop_reason="stop")
+    assert p.provider.force_flush()
+    texts = {}
+    for name, blob in _files(str(tmp_path / "there")).items():
+        if name.startswith("trajectory/"):
+            for line in blob.splitlines():
+                row = json.loads(line)
+                texts[row["prompt_uid"]] = json.loads(row["raw_message"])["turns"][0]["completion_text"]
+    assert texts == {f"u{i}": f"text of {i}" for i in range(count)}
+    assert len(p.offload._codecs) <= forwarder._MAX_CODECS
+    assert health.snapshot() == {"failures": {}, "dropped": {}}
+
+
+def test_spans_after_the_export_process_died_are_counted_not_raised(pipelines):
+    p = pipelines()
+    fault_workload.emit(1, UIDS[:2], 2)
+    assert p.provider.force_flush()
+    p.offload._process.kill()
+    p.offload._process.wait()
+    fault_workload.emit(2, UIDS[:2], 2, fit=False)  # must not raise
+    assert not p.offload.force_flush(5000)
+    dropped = health.snapshot()["dropped"]
+    assert dropped.get("offload", 0) > 0, dropped
+
+
+def test_spans_beyond_max_pending_are_counted(pipelines):
+    p = pipelines()
+    assert p.provider.force_flush()
+    p.offload._max_pending = 0  # the export process never keeps up
+    fault_workload.emit(1, UIDS[:1], 2)
+    p.offload._max_pending = 1 << 16
+    dropped = health.snapshot()["dropped"]
+    # every span of the step: the sample roots, its stages, each trajectory's spans
+    assert dropped.get("offload", 0) >= 2 * 4, dropped

@@ -1,17 +1,23 @@
-"""The decode function the trajectory JSONL gets for a rollout worker's tokenizer.
+"""The decode and encode functions the trajectory JSONL gets for a rollout worker's tokenizer.
 
 ``tokenizer.decode`` of a Hugging Face fast tokenizer spends ~20 µs of Python around a
 ~3-6 µs call of its Rust backend (argument conversion, the clean-up switch), and the
 JSONL decodes every turn's completion and the first prompt. Where the tokenizer's own
 ``decode`` is the stock one and does no clean-up, calling the backend with the same
 plain list of ids gives the same text; anything else goes through ``tokenizer.decode``.
+
+Both functions pickle (for the export process of :mod:`otel_verl.offload`) as their
+backend-only forms: a ``tokenizers.Tokenizer`` and a flag, so the export process loads
+the Rust tokenizer alone, not ``transformers`` and ``torch`` (~0.5 GB and seconds of
+CPU per worker). The snapshots it decodes carry plain id lists, the backend's input.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
-_CACHE_ATTR = "_otel_verl_text_decoder"
+_DECODER_ATTR = "_otel_verl_text_decoder"
+_ENCODER_ATTR = "_otel_verl_text_encoder"
 
 
 def text_decoder(tokenizer: Any) -> Optional[Callable[..., str]]:
@@ -20,18 +26,49 @@ def text_decoder(tokenizer: Any) -> Optional[Callable[..., str]]:
     decode = getattr(tokenizer, "decode", None)
     if decode is None:
         return None
-    cached = getattr(tokenizer, _CACHE_ATTR, None)
+    return _once(tokenizer, _DECODER_ATTR, lambda: _backend_decoder(tokenizer, decode) or decode)
+
+
+def text_encoder(tokenizer: Any) -> Optional[Callable[..., Any]]:
+    """``encode(text, add_special_tokens=False) -> ids``: ``tokenizer.encode`` itself,
+    wrapped (when it is the stock fast one) so that it pickles as the backend alone.
+    Chosen once per tokenizer."""
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        return None
+    return _once(tokenizer, _ENCODER_ATTR, lambda: _backend_encoder(tokenizer, encode))
+
+
+def _once(tokenizer: Any, attr: str, choose: Callable[[], Any]) -> Any:
+    # one object per tokenizer: the export process gets each tokenizer's functions once
+    cached = getattr(tokenizer, attr, None)
     if cached is not None:
         return cached
-    chosen = _backend_decoder(tokenizer, decode) or decode
+    chosen = choose()
     try:
-        setattr(tokenizer, _CACHE_ATTR, chosen)
+        setattr(tokenizer, attr, chosen)
     except Exception:  # a tokenizer that takes no attributes: choose again next time
         pass
     return chosen
 
 
-def _backend_decoder(tokenizer: Any, decode: Callable[..., str]) -> Optional[Callable[..., str]]:
+def _backend_encoder(tokenizer: Any, encode: Callable[..., Any]) -> Callable[..., Any]:
+    bases = _fast_bases()
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if bases is None or backend is None or not hasattr(backend, "encode"):
+        return encode
+    base, fast = bases
+    cls = type(tokenizer)
+    stock = (
+        isinstance(tokenizer, fast)
+        and getattr(cls, "encode", None) is base.encode
+        and getattr(cls, "_encode_plus", None) is fast._encode_plus
+    )
+    return BackendEncode(encode, backend, bool(getattr(tokenizer, "split_special_tokens", False))) if stock else encode
+
+
+def _fast_bases() -> Optional[tuple]:
+    """(PreTrainedTokenizerBase, the fast tokenizers' base class), or None."""
     try:
         from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
@@ -41,12 +78,20 @@ def _backend_decoder(tokenizer: Any, decode: Callable[..., str]) -> Optional[Cal
             from transformers.tokenization_utils_fast import PreTrainedTokenizerFast as FastBase
     except ImportError:
         return None
+    return PreTrainedTokenizerBase, FastBase
+
+
+def _backend_decoder(tokenizer: Any, decode: Callable[..., str]) -> Optional[Callable[..., str]]:
+    bases = _fast_bases()
+    if bases is None:
+        return None
+    base, fast = bases
     cls = type(tokenizer)
     backend_decode = getattr(getattr(tokenizer, "_tokenizer", None), "decode", None)
     stock = (
-        isinstance(tokenizer, FastBase)
-        and getattr(cls, "decode", None) is PreTrainedTokenizerBase.decode
-        and getattr(cls, "_decode", None) is FastBase._decode
+        isinstance(tokenizer, fast)
+        and getattr(cls, "decode", None) is base.decode
+        and getattr(cls, "_decode", None) is fast._decode
     )
     if not stock or backend_decode is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return None
@@ -55,8 +100,7 @@ def _backend_decoder(tokenizer: Any, decode: Callable[..., str]) -> Optional[Cal
 
 class BackendDecode:
     """The backend's decode for plain id lists, ``tokenizer.decode`` for anything else.
-    A class rather than a closure: it pickles (with its tokenizer) for the export
-    process of :mod:`otel_verl.offload`, which decodes the trajectory JSONL's texts."""
+    Pickles as :class:`BackendOnlyDecode` (see the module docs)."""
 
     __slots__ = ("backend_decode", "decode")
 
@@ -71,3 +115,52 @@ class BackendDecode:
             except (TypeError, ValueError, OverflowError):
                 pass
         return self.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def __reduce__(self) -> tuple:
+        return BackendOnlyDecode, (self.backend_decode,)
+
+
+class BackendOnlyDecode:
+    """A :class:`BackendDecode` in the export process: the backend for any ids."""
+
+    __slots__ = ("backend_decode",)
+
+    def __init__(self, backend_decode: Callable[..., str]) -> None:
+        self.backend_decode = backend_decode
+
+    def __call__(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        return self.backend_decode(ids if type(ids) is list else [int(i) for i in ids],
+                                   skip_special_tokens=skip_special_tokens)
+
+
+class BackendEncode:
+    """``tokenizer.encode`` (called as it is); pickles as :class:`BackendOnlyEncode`."""
+
+    __slots__ = ("encode", "backend", "split_special_tokens")
+
+    def __init__(self, encode: Callable[..., Any], backend: Any, split_special_tokens: bool) -> None:
+        self.encode = encode
+        self.backend = backend
+        self.split_special_tokens = split_special_tokens
+
+    def __call__(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> Any:
+        return self.encode(text, add_special_tokens=add_special_tokens, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        return BackendOnlyEncode, (self.backend, self.split_special_tokens)
+
+
+class BackendOnlyEncode:
+    """What the stock fast ``encode`` of one text does (no truncation, no padding, special
+    tokens split as the tokenizer says), on the backend alone: the export process's copy."""
+
+    __slots__ = ("backend",)
+
+    def __init__(self, backend: Any, split_special_tokens: bool) -> None:
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = split_special_tokens
+        self.backend = backend
+
+    def __call__(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> List[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -17,7 +17,7 @@ from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
 from otel_verl.instrumentation._args import bound, self_and_args
-from otel_verl.instrumentation._tokenizer import text_decoder
+from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
 from otel_verl.semconv import Role
 
@@ -54,7 +54,7 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
         trainer_api="v1" if session_id is not None else "v0",
         validate=bool(trajectory.get("validate", False)),
         decode=text_decoder(tokenizer),
-        encode=getattr(tokenizer, "encode", None),
+        encode=text_encoder(tokenizer),
     )
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import threading
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, Dict, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -143,8 +142,10 @@ class OffloadSpanProcessor(SpanProcessor):
         self._alive = True
         self._why_dead = ""
         self._process: Optional[subprocess.Popen] = None
-        self._codecs: Dict[Any, int] = {}
-        self._unsent_codecs: List[Tuple[int, bytes]] = []
+        self._codecs: "OrderedDict[Any, int]" = OrderedDict()  # (decode, encode) -> id, most recent last
+        self._next_codec_id = 0
+        self._unsent_codecs: List[Tuple[int, bytes]] = []  # sent before the batch that names them
+        self._forgotten_codecs: List[int] = []  # sent after the batch (its trajectories may name them)
         self._host_counts: Dict[str, Dict[str, int]] = {"failures": {}, "dropped": {}}
         self._snapshots = wire.Snapshotter(self._codec_id)
         self._pid = os.getpid()
@@ -201,6 +202,9 @@ class OffloadSpanProcessor(SpanProcessor):
             self._unsent_codecs = []
             if batch:
                 wire.write_frame(stdin, ("spans", batch))
+            for codec_id in self._forgotten_codecs:
+                wire.write_frame(stdin, ("forget_codec", codec_id))
+            self._forgotten_codecs = []
             for seq in flushes:
                 wire.write_frame(stdin, ("flush", seq))
         except Exception as exc:  # a dead export process (EPIPE) or an unpicklable value
@@ -212,18 +216,29 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def _codec_id(self, decode: Any, encode: Any) -> int:
         key = (decode, encode)  # bound methods compare equal for the same tokenizer
+        codecs = self._codecs
         try:
-            return self._codecs[key]
+            codec_id = codecs[key]
         except KeyError:
             pass
-        codec_id = len(self._codecs)
+        else:
+            codecs.move_to_end(key)
+            return codec_id
+        codec_id = self._next_codec_id
+        self._next_codec_id += 1
         try:
-            self._unsent_codecs.append((codec_id, pickle.dumps(key, wire.PICKLE_PROTOCOL)))
+            self._unsent_codecs.append((codec_id, wire.dumps_codec(key)))
         except Exception as exc:
             # The trajectory JSONL then has no texts for this tokenizer's trajectories.
             health.record_failure("offload.tokenizer", exc)
             codec_id = wire.UNSENDABLE_CODEC
-        self._codecs[key] = codec_id
+        codecs[key] = codec_id
+        # A worker has one tokenizer; an agent loop that makes a decode function per
+        # trajectory (a closure) must not pile them up here or in the export process.
+        if len(codecs) > _MAX_CODECS:
+            _, old_id = codecs.popitem(last=False)
+            if old_id != wire.UNSENDABLE_CODEC:
+                self._forgotten_codecs.append(old_id)
         return codec_id
 
     def _reply_loop(self) -> None:
@@ -285,6 +300,7 @@ def _widen_pipe(fd: int) -> None:
         pass  # a smaller pipe only costs more wake-ups
 
 
+_MAX_CODECS = 16
 _PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 _live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()
 

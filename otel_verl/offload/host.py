@@ -57,6 +57,8 @@ class Host:
                 self.rebuild.codecs[codec_id] = wire.pickle.loads(pickled)
             except Exception as exc:  # the JSONL has no texts for this tokenizer's trajectories
                 health.record_failure("offload.tokenizer", exc)
+        elif what == "forget_codec":
+            self.rebuild.codecs.pop(message[1], None)
         elif what == "flush":
             ok = self.processor.force_flush()
             wire.write_frame(reply, (message[1], bool(ok), health.snapshot()))

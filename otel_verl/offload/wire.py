@@ -5,7 +5,8 @@ same otel_verl in the same Python environment). Messages, as tuples:
 
 - ``("config", HostConfig)``: first, once;
 - ``("codec", codec_id, pickled (decode, encode))``: a tokenizer's functions, once each,
-  before the first trajectory that names them;
+  before the first trajectory that names them (:func:`dumps_codec`);
+- ``("forget_codec", codec_id)``: no later trajectory names it (the sender keeps a few);
 - ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened;
 - ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
   everything sent before it has been written and exported.
@@ -84,6 +85,17 @@ def _read_exactly(source: BinaryIO, size: int) -> Optional[bytes]:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def dumps_codec(codec: Tuple[Any, Any]) -> bytes:
+    """A tokenizer's (decode, encode) pickled with cloudpickle, which takes what an agent
+    loop may hand over besides a tokenizer's bound methods: a lambda, a closure, a
+    function of the job's ``__main__`` (the export process has none of those by name)."""
+    try:
+        import cloudpickle
+    except ImportError:  # plain pickle takes a tokenizer's bound methods
+        return pickle.dumps(codec, PICKLE_PROTOCOL)
+    return cloudpickle.dumps(codec, PICKLE_PROTOCOL)
 
 
 # --------------------------------------------------------------------------- snapshots (sender)
