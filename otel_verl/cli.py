@@ -11,6 +11,7 @@ from typing import Tuple
 import click
 
 from otel_verl import settings
+from otel_verl.semconv import Role
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -271,6 +272,10 @@ def _settings_checks(env: dict) -> tuple:
         outputs = [o for o, on in (("legacy files", cfg.trace_dir), ("OTLP-JSON files", cfg.write_otlp_files),
                                    ("OTLP", cfg.otlp_endpoint)) if on]
         checks.append(_Check("settings", "tracing", OK, "on: " + ", ".join(outputs or ["in-process only (OTEL_VERL_ENABLED=1)"])))
+        offloading = [role.value for role in Role if cfg.offloads(role.value)]
+        checks.append(_Check("settings", "export process", OK,
+                             f"outputs written by an export process in: {', '.join(offloading)}" if offloading
+                             else "none: every process writes its own outputs (OTEL_VERL_OFFLOAD=0)"))
     elif cfg.sdk_disabled or cfg.forced is False:
         checks.append(_Check("settings", "tracing", WARN, "forced off (OTEL_SDK_DISABLED / OTEL_VERL_ENABLED=0)",
                              "unset OTEL_SDK_DISABLED and OTEL_VERL_ENABLED to trace"))
