@@ -203,6 +203,7 @@ class WorkerCpuProbe:
         self.exporters: List[int] = []  # the workers' export processes (otel_verl.offload), if any
         self.setup_s = 0.0
         self.start: Dict[int, float] = {}
+        self.export_start = 0.0
         self.t0 = 0.0
         self.windows: List[Dict[str, Any]] = []
 
