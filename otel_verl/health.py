@@ -23,40 +23,32 @@ _reported: set = set()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _count(counter: Counter, name: str, count: int, report_key: str) -> bool:
+    """Add ``count`` to ``counter[name]``; True the first time ``report_key`` is counted."""
+    with _lock:
+        counter[name] += count
+        first = report_key not in _reported
+        _reported.add(report_key)
+    return first
+
+
 def record_failure(where: str, exc: BaseException) -> None:
     """Count an exception otel_verl swallowed; log it the first time ``where`` fails."""
-    with _lock:
-        _failures[where] += 1
-        first = where not in _reported
-        _reported.add(where)
-    if first:
+    if _count(_failures, where, 1, where):
         logger.warning("otel_verl: %s failed (%s: %s); tracing goes on, further failures here are counted only",
                        where, type(exc).__name__, exc, exc_info=logger.isEnabledFor(logging.DEBUG))
 
 
 def record_failures(where: str, count: int, context: str) -> None:
     """``count`` failures counted elsewhere (another process of ours); logged the first time."""
-    if count <= 0:
-        return
-    with _lock:
-        _failures[where] += count
-        first = where not in _reported
-        _reported.add(where)
-    if first:
+    if count > 0 and _count(_failures, where, count, where):
         logger.warning("otel_verl: %s failed %d time(s) %s; tracing goes on, further failures here are counted only",
                        where, count, context)
 
 
 def record_dropped(output: str, count: int, reason: str) -> None:
     """Count ``count`` items of ``output`` that could not be written; log the first loss."""
-    if count <= 0:
-        return
-    key = f"dropped:{output}"
-    with _lock:
-        _dropped[output] += count
-        first = key not in _reported
-        _reported.add(key)
-    if first:
+    if count > 0 and _count(_dropped, output, count, f"dropped:{output}"):
         logger.warning("otel_verl: %s could not write %d item(s): %s; losses are counted (otel_verl.health.snapshot())",
                        output, count, reason)
 

@@ -23,28 +23,30 @@ _ENCODER_ATTR = "_otel_verl_text_encoder"
 def text_decoder(tokenizer: Any) -> Optional[Callable[..., str]]:
     """``decode(ids, skip_special_tokens=False) -> str``, equal to ``tokenizer.decode``
     (``None`` without a tokenizer). Chosen once per tokenizer."""
+    cached = getattr(tokenizer, _DECODER_ATTR, None)  # per trajectory: the cached one, nothing made
+    if cached is not None:
+        return cached
     decode = getattr(tokenizer, "decode", None)
     if decode is None:
         return None
-    return _once(tokenizer, _DECODER_ATTR, lambda: _backend_decoder(tokenizer, decode) or decode)
+    return _remember(tokenizer, _DECODER_ATTR, _backend_decoder(tokenizer, decode) or decode)
 
 
 def text_encoder(tokenizer: Any) -> Optional[Callable[..., Any]]:
     """``encode(text, add_special_tokens=False) -> ids``: ``tokenizer.encode`` itself,
     wrapped (when it is the stock fast one) so that it pickles as the backend alone.
     Chosen once per tokenizer."""
+    cached = getattr(tokenizer, _ENCODER_ATTR, None)
+    if cached is not None:
+        return cached
     encode = getattr(tokenizer, "encode", None)
     if encode is None:
         return None
-    return _once(tokenizer, _ENCODER_ATTR, lambda: _backend_encoder(tokenizer, encode))
+    return _remember(tokenizer, _ENCODER_ATTR, _backend_encoder(tokenizer, encode))
 
 
-def _once(tokenizer: Any, attr: str, choose: Callable[[], Any]) -> Any:
+def _remember(tokenizer: Any, attr: str, chosen: Any) -> Any:
     # one object per tokenizer: the export process gets each tokenizer's functions once
-    cached = getattr(tokenizer, attr, None)
-    if cached is not None:
-        return cached
-    chosen = choose()
     try:
         setattr(tokenizer, attr, chosen)
     except Exception:  # a tokenizer that takes no attributes: choose again next time
