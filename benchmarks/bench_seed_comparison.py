@@ -35,6 +35,9 @@ Variants, each in its own child process, in the same invocation:
 - ``legacy+otlp``: the same plus OTLP/gRPC to a local otelcol (``~/.cache/otel_verl/bin/otelcol``
   with ``collector-config/otelcol-file.yaml``; without the binary, the in-process OTLP/HTTP
   ``SpanSink`` of ``bench_worker_overhead.py``, whose threads then count as ours).
+- ``legacy+otlp offload``: the same outputs written by an export process
+  (``OTEL_VERL_OFFLOAD=1``, as rollout workers run by default): the process's CPU as above,
+  the export process's CPU (``psutil``) reported apart, per window.
 
 stdout of the children (``[FLOW_TRACE]`` and progress lines) goes to a file, as a Ray
 worker's goes to its log file.
@@ -84,7 +87,8 @@ sys.path.insert(0, HERE)
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
 BEGIN_MARK = "<!-- BEGIN bench_seed_comparison -->"
 END_MARK = "<!-- END bench_seed_comparison -->"
-VARIANTS = ("off", "seed", "legacy", "legacy+otlp")
+VARIANTS = ("off", "seed", "legacy", "legacy+otlp", "legacy+otlp offload")
+TRACED = ("legacy", "legacy+otlp", "legacy+otlp offload")  # otel_verl's variants
 
 SCALES = {
     # prompts, n, turns: scenario A / B; steps: warm-up + measured; sustained / memory steps
@@ -417,30 +421,39 @@ def thread_cpu() -> Dict[str, float]:
     return out
 
 
+def export_cpu() -> float:
+    """CPU seconds so far of this process's export processes (none: 0)."""
+    from bench_worker_overhead import _cpu_seconds, _export_process_pids
+
+    return sum(_cpu_seconds(pid) for pid in _export_process_pids())
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class StepProbe:
-    """Process / main-thread CPU of the worker and server windows inside a step."""
+    """Process / main-thread CPU of the worker and server windows inside a step, and the
+    CPU of this process's export processes (``otel_verl.offload``) in the worker windows."""
 
     def __init__(self, flush: Any) -> None:
         self.flush = flush
-        self.worker_cpu = self.server_cpu = self.worker_main = 0.0
-        self._p = self._t = 0.0
+        self.worker_cpu = self.server_cpu = self.worker_main = self.worker_export = 0.0
+        self._p = self._t = self._e = 0.0
 
     def reset(self) -> None:
-        self.worker_cpu = self.server_cpu = self.worker_main = 0.0
+        self.worker_cpu = self.server_cpu = self.worker_main = self.worker_export = 0.0
 
     def worker_begin(self) -> None:
         self.flush()  # the trainer's outputs so far are the trainer's
-        self._p, self._t = time.process_time(), time.thread_time()
+        self._p, self._t, self._e = time.process_time(), time.thread_time(), export_cpu()
 
     def worker_end(self) -> None:
-        self.flush()
+        self.flush()  # (an export process's flush: everything written and exported)
         self.worker_cpu += time.process_time() - self._p
         self.worker_main += time.thread_time() - self._t
+        self.worker_export += export_cpu() - self._e
 
     def server_begin(self) -> None:
         self._p = time.process_time()
@@ -856,10 +869,11 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
         seed = Seed(trace_dir)
         seed.install()
         flush = seed.flush
-    elif variant in ("legacy", "legacy+otlp"):
+    elif variant in TRACED:
         os.environ["VERL_TRACE_DIR"] = trace_dir
         os.environ["OTEL_VERL_OTLP_FILE"] = "0"
-        if variant == "legacy+otlp":
+        os.environ["OTEL_VERL_OFFLOAD"] = "1" if variant.endswith("offload") else "0"
+        if variant.startswith("legacy+otlp"):
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.endpoint
             os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = args.protocol
         install_otel_verl()
@@ -886,21 +900,22 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
                 threads0 = thread_cpu()
             gc.collect()
             probe.reset()
-            p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+            p0, t0, w0, e0 = time.process_time(), time.thread_time(), time.perf_counter(), export_cpu()
             run_step(trainer, manager, n_prompts, n, step, loop)
             flush()
-            p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+            p1, t1, w1, e1 = time.process_time(), time.thread_time(), time.perf_counter(), export_cpu()
             rss.append(rss_mb())
             if step > args.warmup:
                 steps.append({"cpu": p1 - p0, "main": t1 - t0, "wall": w1 - w0, "worker": probe.worker_cpu,
                               "worker_main": probe.worker_main, "server": probe.server_cpu,
+                              "export": e1 - e0, "worker_export": probe.worker_export,
                               "trainer": (p1 - p0) - probe.worker_cpu - probe.server_cpu})
         threads1 = thread_cpu()
         disabled = measure_disabled(trainer, workers[0], args.disabled_calls) if variant in ("off", "disabled") else None
     finally:
         if seed is not None:
             seed.close()
-        if variant in ("legacy", "legacy+otlp"):
+        if variant in TRACED:
             bootstrap.shutdown()
         loop.close()
         sys.stdout.close()
@@ -1043,9 +1058,11 @@ def analyse(results: Dict[str, Dict[str, Dict[str, Any]]], extra: Dict[str, Any]
             server = per_step(r, "server") - per_step(off, "server")
             worker_main = per_step(r, "worker_main") - per_step(off, "worker_main")
             trajs = r["trajectories"]
-            rows[variant] = {"total_s": total, "trainer_s": trainer, "worker_s": worker, "server_s": server,
+            export, worker_export = per_step(r, "export"), per_step(r, "worker_export")
+            rows[variant] = {"total_s": total + export, "trainer_s": trainer, "worker_s": worker, "server_s": server,
                              "worker_main_s": worker_main, "per_traj_us": worker / trajs * 1e6,
-                             "per_traj_loop_us": worker_main / trajs * 1e6,
+                             "per_traj_loop_us": worker_main / trajs * 1e6, "export_s": export,
+                             "worker_export_s": worker_export, "per_traj_export_us": worker_export / trajs * 1e6,
                              "wall_s": per_step(r, "wall"), "threads": r["threads"], "health": r["health"],
                              "outputs": r["outputs"], "seed_dropped": r.get("seed_dropped"),
                              "seed_rows_offered": r.get("seed_rows_offered")}
@@ -1057,8 +1074,14 @@ def analyse(results: Dict[str, Dict[str, Dict[str, Any]]], extra: Dict[str, Any]
     a, b = out["scenarios"]["A"]["variants"], out["scenarios"]["B"]["variants"]
     for variant in VARIANTS[1:]:
         a[variant]["per_turn_us"] = (b[variant]["per_traj_us"] - a[variant]["per_traj_us"]) / (TOOL_TURNS - 1)
+        a[variant]["per_turn_export_us"] = (
+            b[variant]["per_traj_export_us"] - a[variant]["per_traj_export_us"]) / (TOOL_TURNS - 1)
     out.update(extra)
     return out
+
+
+def _us_or_blank(us: float) -> str:
+    return f"{us:.0f} us" if us else ""
 
 
 def verdict(value: float, target: float, lower_is_better: bool = True) -> str:
@@ -1080,10 +1103,12 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
         f"Scenario A: {A['prompts']} prompts x {A['n']} single-turn trajectories; B: {B['prompts']} x {B['n']} with "
         f"{B['turns']}-turn tool trajectories ({B['turns'] - 1} tool calls); {A['steps']} measured step(s) after warm-up, "
         f"median. Tracing CPU = the variant's process CPU (all threads) minus the same step with nothing installed "
-        f"({A['off_cpu_s']:.2f} s at A, {B['off_cpu_s']:.2f} s at B).", "",
+        f"({A['off_cpu_s']:.2f} s at A, {B['off_cpu_s']:.2f} s at B), plus its export process's CPU (offload: "
+        f"the outputs written by an export process, as rollout workers run by default; the trainer, worker and "
+        f"server columns are the traced process alone).", "",
         "### Per step, by variant", "",
-        "| scenario | variant | tracing CPU / step | trainer | rollout worker | LLM server | per trajectory (worker) | of it on the event loop | rows dropped | wall / step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | variant | tracing CPU / step | trainer | rollout worker | LLM server | per trajectory (worker) | of it on the event loop | export process: per trajectory (worker windows) | rows dropped | wall / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, sc_ in (("A", A), ("B", B)):
         for variant in VARIANTS[1:]:
@@ -1092,8 +1117,9 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
             dropped_s = f"{dropped} of {r['seed_rows_offered']} (silent)" if variant == "seed" else f"{dropped}"
             lines.append(f"| {name} | {variant} | {r['total_s']:.3f} s | {r['trainer_s'] * 1e3:.0f} ms | {r['worker_s']:.3f} s | "
                          f"{r['server_s'] * 1e3:.0f} ms | {r['per_traj_us']:.0f} us | {r['per_traj_loop_us']:.0f} us | "
-                         f"{dropped_s} | {r['wall_s']:.2f} s |")
+                         f"{_us_or_blank(r['per_traj_export_us'])} | {dropped_s} | {r['wall_s']:.2f} s |")
     seed_a, seed_b = av["seed"], bv["seed"]
+    off_a = av["legacy+otlp offload"]
     ratio_a = full["total_s"] / max(seed_a["total_s"], 1e-9)
     ratio_b = bv["legacy+otlp"]["total_s"] / max(seed_b["total_s"], 1e-9)
     sus, mem, dis = an["sustained"], an["memory"], an["disabled"]
@@ -1112,6 +1138,12 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
          f"{full['per_traj_us'] / TARGETS['traj_us']:.2f}x target", "<= 250 us", verdict(full["per_traj_us"], TARGETS["traj_us"])),
         ("worker CPU / extra LLM turn, with its tool call (B - A)", f"{full['per_turn_us']:.0f} us (seed {seed_a['per_turn_us']:.0f} us)",
          f"{full['per_turn_us'] / TARGETS['turn_us']:.2f}x target", "<= 100 us", verdict(full["per_turn_us"], TARGETS["turn_us"])),
+        ("the same via an export process: worker process / single-turn trajectory (A)",
+         f"{off_a['per_traj_us']:.0f} us (+ {off_a['per_traj_export_us']:.0f} us in the export process)",
+         f"{off_a['per_traj_us'] / TARGETS['traj_us']:.2f}x target", "<= 250 us", verdict(off_a["per_traj_us"], TARGETS["traj_us"])),
+        ("the same via an export process: worker process / extra LLM turn (B - A)",
+         f"{off_a['per_turn_us']:.0f} us (+ {off_a['per_turn_export_us']:.0f} us in the export process)",
+         f"{off_a['per_turn_us'] / TARGETS['turn_us']:.2f}x target", "<= 100 us", verdict(off_a["per_turn_us"], TARGETS["turn_us"])),
         ("installed-but-disabled, per wrapped call (worst)", f"{dis_worst:.2f} us", f"{dis_worst / TARGETS['disabled_us']:.2f}x target",
          "<= 1 us", verdict(dis_worst, TARGETS["disabled_us"])),
         (f"RSS growth over {mem['steps']} steps ({mem['prompts']}x{mem['n']}, legacy + OTLP)",

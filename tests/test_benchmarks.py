@@ -39,11 +39,15 @@ def test_every_variant_and_scenario_present(ci_run):
     result, stdout = ci_run
     assert set(result["scenarios"]) == {"A", "B"}
     for scenario in result["scenarios"].values():
-        assert set(scenario["variants"]) == {"seed", "legacy", "legacy+otlp"}
+        assert set(scenario["variants"]) == {"seed", "legacy", "legacy+otlp", "legacy+otlp offload"}
         for row in scenario["variants"].values():
             for key in ("total_s", "trainer_s", "worker_s", "server_s", "per_traj_us"):
                 assert math.isfinite(row[key])
-    for label in ("Per step, by variant", "Targets", "Installed-but-disabled", "legacy+otlp", "seed"):
+        # the export process's CPU is read apart, and only that variant has one
+        assert scenario["variants"]["legacy+otlp offload"]["worker_export_s"] > 0
+        assert scenario["variants"]["legacy+otlp"]["worker_export_s"] == 0
+    for label in ("Per step, by variant", "Targets", "Installed-but-disabled", "legacy+otlp", "seed",
+                  "via an export process"):
         assert label in stdout
 
 
@@ -51,7 +55,7 @@ def test_otel_verl_wrote_every_expected_row_and_dropped_nothing(ci_run):
     result, _ = ci_run
     for scenario in result["scenarios"].values():
         expected = scenario["expected"]
-        for variant in ("legacy", "legacy+otlp"):
+        for variant in ("legacy", "legacy+otlp", "legacy+otlp offload"):
             row = scenario["variants"][variant]
             assert row["health"]["dropped"] == {}, (variant, row["health"])
             assert row["health"]["failures"] == {}, (variant, row["health"])

@@ -13,6 +13,7 @@ import pytest
 import fault_workload
 from otel_verl import bootstrap, events, health, settings
 from otel_verl.offload.forwarder import OffloadSpanProcessor
+from otel_verl.record import TrajectoryData, TurnData
 
 UIDS = [f"u{i}" for i in range(6)]
 
@@ -152,3 +153,58 @@ def test_spans_beyond_max_pending_are_counted(pipelines):
     dropped = health.snapshot()["dropped"]
     # every span of the step: the sample roots, its stages, each trajectory's spans
     assert dropped.get("offload", 0) >= 2 * 4, dropped
+
+
+def _multi_turn(prompt_shapes: str) -> "TrajectoryData":
+    """A finished 4-turn trajectory whose prompts are built the ways agent loops build them."""
+    data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
+                          completed_at=9.0, decode=lambda ids, **kw: ",".join(map(str, ids)),
+                          encode=lambda text, **kw: list(range(len(text.split()))))
+    shared = list(range(100, 120))  # ToolAgentLoop: one list, extended in place after each turn
+    prompt = list(range(100, 120))
+    for i in range(4):
+        completion, observation = [200 + i] * 3, f"tool output {i}"
+        if prompt_shapes == "extended in place":
+            ids, count = shared, len(shared)
+        elif prompt_shapes == "new list each turn":
+            ids, count = list(prompt), len(prompt)
+        elif prompt_shapes == "history rewritten":  # a custom loop that drops its oldest turn
+            ids = list(prompt[3 * i:]) + [7] * i
+            count = len(ids)
+        else:  # tuples: no prefix check, sent whole
+            ids, count = tuple(prompt), None
+        data.turns.append(TurnData(prompt_ids=ids, start_ts=2.0 + i, prompt_token_count=count, end_ts=2.5 + i,
+                                   completion_ids=completion, finish_reason="stop", observation_text=observation,
+                                   observation_start_ts=2.5 + i, observation_end_ts=2.6 + i))
+        for extended in (shared, prompt):
+            extended += completion + [300 + i, 301 + i]  # completion, then observation and template tokens
+    return data
+
+
+@pytest.mark.parametrize("prompt_shapes", ["extended in place", "new list each turn", "history rewritten", "tuples"])
+def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(prompt_shapes):
+    """Turn prompts go over as the tokens added since the previous turn (not each prompt
+    whole): the export process's JSONL line is the line the process would have written."""
+    import pickle
+
+    from otel_verl.exporters.trajectory_jsonl import trajectory_line
+    from otel_verl.offload import wire
+
+    data = _multi_turn(prompt_shapes)
+    codecs = {}
+
+    def codec_id(decode, encode):
+        codecs[0] = (decode, encode)
+        return 0
+
+    snapshot = wire.Snapshotter(codec_id)._trajectory(data)
+    rebuilder = wire.Rebuilder(wire.HostConfig(settings=None, resource_attributes={}, resource_schema_url="", pid=1))
+    rebuilder.codecs = codecs
+    rebuilt = rebuilder._data(wire._TRAJECTORY, pickle.loads(pickle.dumps(snapshot)))
+    assert trajectory_line(rebuilt) == trajectory_line(data)
+    sent = sum(len(turn[0][1]) for turn in snapshot[2])
+    if prompt_shapes in ("extended in place", "new list each turn"):
+        assert sent == 20 + 3 * 5  # the first prompt, then each turn's 5 new tokens
+    for turn, original in zip(rebuilt.turns, data.turns):
+        count = original.prompt_token_count
+        assert list(turn.prompt_ids) == list(original.prompt_ids[:count] if count is not None else original.prompt_ids)

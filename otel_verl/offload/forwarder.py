@@ -75,7 +75,9 @@ class OffloadSpanProcessor(SpanProcessor):
         pending = self._pending
         if len(pending) < self._max_pending and self._alive:
             pending.append((wire.END, span))
-            if len(pending) >= self._max_batch:
+            # is_set() first: Event.set() takes the event's lock and wakes the sender,
+            # a GIL hand-over per span while a batch is waiting
+            if len(pending) >= self._max_batch and not self._wake.is_set():
                 self._wake.set()
         else:
             self._refused(wire.END, span)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pickle
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Dict, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -159,15 +159,51 @@ class Snapshotter:
         return cached[1]
 
     def _trajectory(self, data: TrajectoryData) -> tuple:
+        recorded = list(data.turns)
         turns = [
-            (list(t.prompt_ids), t.start_ts, t.prompt_token_count, t.end_ts, list(t.completion_ids),
+            (prompt, t.start_ts, t.prompt_token_count, t.end_ts, list(t.completion_ids),
              t.completion_token_count, t.finish_reason, dict(t.server_meta), t.observation_text,
              t.observation_start_ts, t.observation_end_ts)
-            for t in list(data.turns)
+            for t, prompt in zip(recorded, _prompt_deltas(recorded))
         ]
         codec = self._codec_id(data.decode, data.encode) if (data.decode or data.encode) is not None else None
         return (_identity(data), data.completed_at, turns, dict(data.agent_metrics), data.reward_score,
                 data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
+
+
+def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, list]]:
+    """Each turn's prompt as ``(start, tokens)``: the previous turn's prompt up to ``start``
+    (its whole length, or 0) followed by ``tokens``.
+
+    An agent loop's turn ``i`` prompt is nearly always turn ``i - 1``'s plus the completion
+    and observation in between (ToolAgentLoop extends one list in place), so sending every
+    prompt whole would cost the trajectory's turns squared in tokens, copied and pickled
+    here and unpickled in the export process. A prompt is cut at ``prompt_token_count``
+    (its length when the call started), all the outputs read of it."""
+    out: List[Tuple[int, list]] = []
+    prev_ids: Any = None
+    prev_end = 0
+    for turn in turns:
+        ids, count = turn.prompt_ids, turn.prompt_token_count
+        end = len(ids) if count is None else min(count, len(ids))
+        if prev_ids is not None and prev_end <= end and (
+            ids is prev_ids or (type(ids) is list and type(prev_ids) is list and ids[:prev_end] == prev_ids[:prev_end])
+        ):
+            out.append((prev_end, list(ids[prev_end:end])))
+        else:
+            out.append((0, list(ids[:end])))
+        prev_ids, prev_end = ids, end
+    return out
+
+
+def _prompts(deltas: Sequence[Tuple[int, list]]) -> List[list]:
+    """:func:`_prompt_deltas` undone."""
+    out: List[list] = []
+    prompt: list = []
+    for start, tokens in deltas:
+        prompt = prompt[:start] + tokens if start else tokens
+        out.append(prompt)
+    return out
 
 
 def _identity(data: TrajectoryData) -> tuple:
@@ -246,11 +282,12 @@ class Rebuilder:
         out.completed_at, out.agent_metrics, out.reward_score = completed_at, metrics, score
         out.agent_loop_class, out.run_completed_ns, out.reward_row = loop_class, run_ns, reward_row
         out.decode, out.encode = decode, encode
+        prompts = _prompts([turn[0] for turn in turns])
         out.turns = [
             TurnData(prompt_ids=p, start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=c,
                      completion_token_count=cc, finish_reason=fr, server_meta=meta, observation_text=ot,
                      observation_start_ts=os_, observation_end_ts=oe)
-            for p, s, pc, e, c, cc, fr, meta, ot, os_, oe in turns
+            for p, (_, s, pc, e, c, cc, fr, meta, ot, os_, oe) in zip(prompts, turns)
         ]
         return out
 
