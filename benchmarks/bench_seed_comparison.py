@@ -1016,7 +1016,7 @@ TOKENIZER_KIND = "model"
 
 def run_child(variant: str, scenario: str, size: tuple, steps: int, warmup: int, receiver: Dict[str, Any], work: str,
               disabled_calls: int = 0, timeout: float = 3600) -> Dict[str, Any]:
-    d = tempfile.mkdtemp(prefix=f"seedcmp-{variant.replace('+', '_')}-{scenario}-", dir=work)
+    d = tempfile.mkdtemp(prefix=f"seedcmp-{variant.replace('+', '_').replace(' ', '_')}-{scenario}-", dir=work)
     result_path = os.path.join(d, "result.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--scenario", scenario,
            "--size", str(size[0]), str(size[1]), "--steps", str(steps), "--warmup", str(warmup), "--work", d,
