@@ -134,11 +134,13 @@ def headers_of(span: Any) -> Dict[str, str]:
     formatted here (once per LLM turn: the propagator's context and setter calls cost
     more than the string)."""
     ctx = span.get_span_context()
-    if not ctx.is_valid:
+    # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state,
+    # is_valid): indexing it is C, its properties are Python calls
+    if not ctx[5]:
         return {}
-    headers = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
-    if ctx.trace_state:
-        headers["tracestate"] = ctx.trace_state.to_header()
+    headers = {"traceparent": f"00-{ctx[0]:032x}-{ctx[1]:016x}-{ctx[3]:02x}"}
+    if ctx[4]:
+        headers["tracestate"] = ctx[4].to_header()
     return headers
 
 

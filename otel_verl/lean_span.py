@@ -75,11 +75,20 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         record: Any,
         dropped_links: int = 0,
     ) -> None:
-        ReadableSpan.__init__(
-            self, name, context=context, parent=parent, resource=tracer.resource, attributes=attributes,
-            events=[], links=links, kind=kind, status=_UNSET, start_time=start_time,
-            instrumentation_scope=tracer._instrumentation_scope,
-        )
+        # ReadableSpan.__init__'s fields, set here (its keyword call costs more than they do)
+        self._name = name
+        self._context = context
+        self._kind = kind
+        self._instrumentation_info = None
+        self._instrumentation_scope = tracer._instrumentation_scope
+        self._parent = parent
+        self._start_time = start_time
+        self._end_time = None
+        self._attributes = attributes
+        self._events = []
+        self._links = links
+        self._resource = tracer.resource
+        self._status = _UNSET
         self._limits = tracer._span_limits
         self._processor = tracer.span_processor
         self._dropped_events = 0
@@ -241,11 +250,15 @@ class LeanSpan(trace_api.Span, ReadableSpan):
 
 
 _supported: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+_SUPPORTED_ATTR = "_otel_verl_lean_spans"  # the decision, kept on the tracer (read per span)
 
 
 def supports(tracer: Any) -> bool:
     """Whether :func:`start` may give ``tracer``'s spans as lean spans: an SDK tracer
     whose limits do not cut attribute values (the events API bounds its own texts)."""
+    ok = getattr(tracer, _SUPPORTED_ATTR, None)
+    if ok is not None:
+        return ok
     try:
         return _supported[tracer]
     except (KeyError, TypeError):
@@ -259,9 +272,12 @@ def supports(tracer: Any) -> bool:
         and (limits.max_span_attributes or 0) >= 64
     )
     try:
-        _supported[tracer] = ok
-    except TypeError:  # not weakly referable: decide again next time
-        pass
+        setattr(tracer, _SUPPORTED_ATTR, ok)
+    except (AttributeError, TypeError):
+        try:
+            _supported[tracer] = ok
+        except TypeError:  # not weakly referable: decide again next time
+            pass
     return ok
 
 

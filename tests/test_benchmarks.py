@@ -119,3 +119,22 @@ def test_worker_overhead_seed_replay_writes_the_seeds_outputs(tmp_path, monkeypa
     assert len(jsonl) == trajectories
     assert all(len(json.loads(t["raw_message"])["turns"]) == turns for t in jsonl)
     assert sum(line.startswith("Task ") for line in lines("progress")) == trajectories
+
+
+def test_the_wrapper_benchmark_runs_and_loses_nothing(tmp_path):
+    """bench_worker_wrappers (issue 4's per-turn figures through the real wrappers), tiny
+    size: both configurations ran, every measure is a number, no span or line was lost."""
+    out = tmp_path / "wrappers.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_worker_wrappers.py"), "--quick",
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert [r["offload"] for r in results.values()] == ["1", "0"]
+    for result in results.values():
+        assert result["health"] == {"failures": {}, "dropped": {}}
+        assert set(result["best"]) == {f"{mode}/{agent}" for mode in ("stock", "traced") for agent in ("single", "llm4", "tool4")}
+        assert all(math.isfinite(v) for row in result["best"].values() for v in row.values())
+    assert "per LLM turn" in proc.stdout and "via an export process" in proc.stdout

@@ -48,6 +48,36 @@ def test_request_id_tag_round_trip():
     assert carriers.tag_request_id(tagged, headers) == tagged  # never tagged twice
 
 
+class _ToolLoop:
+    async def _call_tool(self, tool_call, tools_kwargs, agent_data):
+        return tool_call
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        return request_id
+
+
+@pytest.mark.parametrize("how", ["bound method", "unbound, self in args", "plain function wrapper on an instance"])
+def test_one_argument_is_read_as_bound_would_bind_it(how):
+    """``_args.arg`` (the rollout worker's wrappers read one or two arguments) against
+    ``_args.bound`` for every way verl passes them and wrapt hands them over."""
+    from otel_verl.instrumentation._args import arg, bound
+
+    loop = _ToolLoop()
+    calls = [((("tc", {"k": 1}, "data"), {}), "_call_tool"), ((("tc",), {"tools_kwargs": {}, "agent_data": "data"}), "_call_tool"),
+             ((("rid",), {"prompt_ids": [1, 2], "sampling_params": {"t": 1}}), "generate"),
+             (((), {"request_id": "rid", "prompt_ids": [3], "sampling_params": {}}), "generate")]
+    for (args, kwargs), name in calls:
+        if how == "bound method":
+            wrapped, instance = getattr(loop, name), loop
+        elif how == "unbound, self in args":
+            wrapped, instance, args = getattr(_ToolLoop, name), None, (loop,) + args
+        else:
+            wrapped, instance = getattr(_ToolLoop, name), loop
+        _, values = bound(wrapped, instance, args, kwargs)
+        for param in ("tool_call", "tools_kwargs", "agent_data", "request_id", "prompt_ids", "sampling_params"):
+            assert arg(wrapped, instance, args, kwargs, param, "absent") == values.get(param, "absent"), (how, name, param)
+
+
 class _Target:
     def method(self, batch, step=0):
         return batch

@@ -89,6 +89,21 @@ def test_a_lean_span_exports_what_the_sdk_span_exports():
     provider.shutdown()
 
 
+def test_a_lean_span_sets_every_field_the_sdks_readable_span_sets():
+    # LeanSpan sets ReadableSpan's fields itself (cheaper than its keyword call): an SDK
+    # that adds one must not leave lean spans without it.
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    provider, tracer, _ = _provider()
+    lean = lean_span.start(tracer, "chat m", SpanRecord(Kind.LLM_CALL), attributes={"a": "x"})
+    sdk_fields = set(vars(ReadableSpan("x")))
+    assert sdk_fields and sdk_fields <= set(vars(lean))
+    assert lean.resource is tracer.resource and lean.instrumentation_scope is tracer._instrumentation_scope
+    assert lean.end_time is None and list(lean.events) == [] and lean.status.status_code is StatusCode.UNSET
+    lean.end()
+    provider.shutdown()
+
+
 def test_the_record_is_readable_from_on_start_and_each_span_ends_once(caplog):
     recorder = Recorder()
     provider, tracer, exporter = _provider(processors=[recorder])

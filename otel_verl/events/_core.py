@@ -15,10 +15,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_verl import health, semconv as sc
+from otel_verl import health, lean_span, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
 from otel_verl.lean_span import set_trusted
-from otel_verl.record import start_span
+from otel_verl.record import SpanRecord, start_span
 from otel_verl.semconv import Kind, Outcome
 
 # --------------------------------------------------------------------------- runtime
@@ -33,6 +33,8 @@ class _Runtime:
         self.settings = settings
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.samples = _SampleRegistry(settings.max_open_samples)
+        # decided once: the events API starts a few spans per LLM turn
+        self.lean_spans = lean_span.supports(tracer)
 
 
 _runtime: Optional[_Runtime] = None
@@ -219,6 +221,9 @@ def _start_guarded(
     if rt is None:
         return None
     try:
+        if rt.lean_spans:
+            return lean_span.start(rt.tracer, name, SpanRecord(kind_v, data), context=context, kind=kind,
+                                   attributes=attributes)
         return start_span(rt.tracer, name, kind_v, data, context=context, kind=kind, attributes=attributes)
     except Exception as exc:
         health.record_failure("events.start_span", exc)
@@ -283,9 +288,13 @@ class SpanScope:
             self._ending(exc)
         except Exception as inner:  # the span still ends
             health.record_failure("events.span_ending", inner)
-        if self.span is not None:
+        span = self.span
+        if span is not None:
             try:
-                _end(self.span, error=exc)
+                if exc is None:
+                    span.end()
+                else:
+                    _end(span, error=exc)
             except Exception as inner:
                 health.record_failure("events.end_span", inner)
         try:

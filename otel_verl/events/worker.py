@@ -200,7 +200,6 @@ class Turn:
             self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
         return self._carrier
 
-    @health.guarded(default=None)
     def finish(
         self,
         completion_ids: Sequence[int] = (),
@@ -209,26 +208,36 @@ class Turn:
         output_tokens: Optional[int] = None,
         server_meta: Optional[Mapping[str, Any]] = None,
     ) -> None:
+        """The call's response (never raises: a failure is counted)."""
         data = self.data
         if data is None:
             return
-        data.end_ts = time.time()
-        data.completion_ids = completion_ids if completion_ids is not None else ()
-        data.completion_token_count = output_tokens
-        data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
-        if server_meta:
-            data.server_meta.update(server_meta)
-        span = self.span
-        count = output_tokens if output_tokens is not None else len(data.completion_ids)
-        attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
-        if data.finish_reason:
-            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
-        for key, value in data.server_meta.items():
-            if _is_number(value):  # as the server kept them
-                attrs[sc.llm_server_meta_attribute(key)] = value
-        set_trusted_many(span, attrs)
-        if self._decode is not None:
-            self._capture_content(span, data)
+        try:  # (not @health.guarded: one call frame less per LLM turn)
+            data.end_ts = time.time()
+            data.completion_ids = completion_ids if completion_ids is not None else ()
+            data.completion_token_count = output_tokens
+            data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+            if server_meta:
+                data.server_meta.update(server_meta)
+            span = self.span
+            count = output_tokens if output_tokens is not None else len(data.completion_ids)
+            attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
+            if data.finish_reason:
+                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
+            names = _META_ATTRIBUTES
+            for key, value in data.server_meta.items():
+                if _is_number(value):  # as the server kept them
+                    name = names.get(key)
+                    if name is None:
+                        name = sc.llm_server_meta_attribute(key)
+                        if len(names) < 256:
+                            names[key] = name
+                    attrs[name] = value
+            set_trusted_many(span, attrs)
+            if self._decode is not None:
+                self._capture_content(span, data)
+        except Exception as exc:
+            health.record_failure("worker.Turn.finish", exc)
 
     def _capture_content(self, span: Any, data: TurnData) -> None:
         """Opt-in content: the decoded prompt and completion as GenAI messages."""
@@ -244,6 +253,9 @@ class Turn:
         set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
 
 
+# sglang/vLLM meta key -> attribute name: an engine sends the same few keys every turn
+# (a dict read here costs less than the cached function's call)
+_META_ATTRIBUTES: Dict[Any, str] = {}
 _NULL_TURN = Turn(None, None)
 _UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
 

@@ -43,6 +43,40 @@ def bound(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwa
     return instance, values
 
 
+@functools.lru_cache(maxsize=1024)
+def _positions(func: Callable[..., Any]) -> Tuple[Dict[str, int], bool]:
+    """``({name: index among the positional parameters}, first parameter is self)``."""
+    positional = [
+        p.name for p in inspect.signature(func).parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return {name: i for i, name in enumerate(positional)}, bool(positional) and positional[0] == "self"
+
+
+_MISSING = object()
+
+
+def arg(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], name: str,
+        default: Any = None) -> Any:
+    """One argument of a wrapped call by name, as :func:`bound` would find it, without
+    binding the others: the rollout worker's wrappers read one or two arguments of calls
+    made several times a trajectory (a keyword argument costs a dict lookup)."""
+    value = kwargs.get(name, _MISSING)
+    if value is not _MISSING:
+        return value
+    target = getattr(wrapped, "__wrapped__", wrapped)
+    func = getattr(target, "__func__", None)
+    if func is not None:  # a bound method: self is not in args
+        positions, has_self = _positions(func)
+        index = positions.get(name, -1) - 1 if has_self else positions.get(name, -1)
+    else:
+        positions, has_self = _positions(target)
+        index = positions.get(name, -1)
+        if has_self and instance is not None and index >= 0:
+            index -= 1  # self came as the instance, not in args
+    return args[index] if 0 <= index < len(args) else default
+
+
 def self_and_args(instance: Any, args: Tuple[Any, ...]) -> Tuple[Any, Tuple[Any, ...]]:
     """``self`` and the remaining positional args (see :func:`bound`)."""
     if instance is None and args:

@@ -33,6 +33,9 @@ def resolve_reference(module_name: str, target: str) -> Any:
     return getattr(owner, attr)
 
 
+_bind = wrapt.FunctionWrapper.__get__  # (no super() per method access: several per LLM turn)
+
+
 class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
     def __reduce_ex__(self, protocol: int) -> Any:
         return self._self_parent.__reduce_ex__(protocol)
@@ -41,24 +44,27 @@ class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
 class PicklableFunctionWrapper(wrapt.FunctionWrapper):
     __bound_function_wrapper__ = _BoundPicklableWrapper
 
-    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str]) -> None:
-        super().__init__(wrapped, wrapper)
+    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
+        super().__init__(wrapped, wrapper, enabled)
         self._self_ref = ref  # (module name, dotted attribute path)
         self._self_unbound = None
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is not None:  # a method call on an instance: wrapt's own binding
+            return _bind(self, instance, owner)
         # Accessed on a class: always the same object, so that cloudpickle recognises it
         # (``getattr(module.Class, name) is obj``) and pickles it by reference.
-        if instance is None and isinstance(self.__wrapped__, types.FunctionType):
+        if isinstance(self.__wrapped__, types.FunctionType):
             if self._self_unbound is None:
-                self._self_unbound = super().__get__(None, owner)
+                self._self_unbound = _bind(self, None, owner)
             return self._self_unbound
-        return super().__get__(instance, owner)
+        return _bind(self, None, owner)
 
     def __reduce_ex__(self, protocol: int) -> Any:
         return (resolve_reference, self._self_ref)
 
 
-def wrap(root: Any, target: str, wrapper: Any, ref: Tuple[str, str]) -> None:
-    """Patch ``root.<target>`` with ``wrapper`` (wrapt signature)."""
-    wrapt.wrap_object(root, target, PicklableFunctionWrapper, (wrapper, ref))
+def wrap(root: Any, target: str, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
+    """Patch ``root.<target>`` with ``wrapper`` (wrapt signature); ``enabled``: wrapt's
+    per-call check, ``wrapper`` is bypassed while it returns False."""
+    wrapt.wrap_object(root, target, PicklableFunctionWrapper, (wrapper, ref, enabled))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
-from otel_verl.instrumentation._args import bound, self_and_args
+from otel_verl.instrumentation._args import arg, bound, self_and_args
 from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
 from otel_verl.semconv import Role
@@ -166,8 +166,7 @@ def _record_outcome(final: Any, reward: Any) -> None:
 
 async def _call_tool(wrapped, instance, args, kwargs):
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
-        tool_call = values.get("tool_call")
+        tool_call = arg(wrapped, instance, args, kwargs, "tool_call")
         name = str(getattr(tool_call, "name", "tool"))
         call_id = getattr(tool_call, "tool_call_id", None)
         arguments = getattr(tool_call, "arguments", None)  # on the span only with content capture on
@@ -180,15 +179,19 @@ async def _call_tool(wrapped, instance, args, kwargs):
 
 async def _handle_processing_tools_state(wrapped, instance, args, kwargs):
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
-        messages = values["agent_data"].messages
-        before = len(messages)
+        agent_data = arg(wrapped, instance, args, kwargs, "agent_data")
+        before = len(agent_data.messages)
     except Exception as exc:
         health.record_failure("agent_loop._handle_processing_tools_state", exc)
         return await wrapped(*args, **kwargs)
     result = await wrapped(*args, **kwargs)
-    events.observation(_observation_texts(values["agent_data"].messages[before:]))
+    _report_observations(agent_data, before)
     return result
+
+
+@health.guarded(default=None)
+def _report_observations(agent_data: Any, before: int) -> None:
+    events.observation(_observation_texts(agent_data.messages[before:]))
 
 
 def _observation_texts(messages: List[Any]) -> List[str]:

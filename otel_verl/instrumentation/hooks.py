@@ -10,7 +10,6 @@ only for the verl modules it uses. :func:`status` lists what was installed or sk
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import sys
@@ -65,24 +64,17 @@ STARTS = "starts"  # may switch tracing on in its process: skipped once the sett
 ALWAYS = "always"  # moves carriers out of verl's data or installs more hooks: always runs
 
 
-def _gated(wrapper: Callable[..., Any], gate: str) -> Callable[..., Any]:
-    if gate == ALWAYS:
-        return wrapper
-    if gate == STARTS:
+def _reports_enabled() -> bool:
+    return _events_core._runtime is not None
 
-        def starts(wrapped, instance, args, kwargs):
-            if _events_core._runtime is None and bootstrap.known_off():
-                return wrapped(*args, **kwargs)
-            return wrapper(wrapped, instance, args, kwargs)
 
-        return functools.wraps(wrapper)(starts)
+def _starts_enabled() -> bool:
+    return _events_core._runtime is not None or not bootstrap.known_off()
 
-    def reports(wrapped, instance, args, kwargs):
-        if _events_core._runtime is None:
-            return wrapped(*args, **kwargs)
-        return wrapper(wrapped, instance, args, kwargs)
 
-    return functools.wraps(wrapper)(reports)
+# wrapt's ``enabled`` check, asked before each call: a wrapper that steps aside is not
+# called at all (a gate function around it would cost a call frame per wrapped call)
+_ENABLED = {REPORTS: _reports_enabled, STARTS: _starts_enabled, ALWAYS: None}
 
 
 _lock = threading.Lock()
@@ -109,9 +101,9 @@ def _install(hook: Hook, module: Any) -> None:
             _skip(hook, problem)
             return
         owner, attr = owner_of(module, hook.target)
-        wrapper = _gated(hook.wrapper, hook.gate)
+        enabled = _ENABLED[hook.gate]
         if hook.redecorate is None:
-            wrap(module, hook.target, wrapper, (hook.module, hook.target))
+            wrap(module, hook.target, hook.wrapper, (hook.module, hook.target), enabled)
             patch = _Patch(owner, attr)
         else:
             original = inspect.getattr_static(owner, attr)
@@ -119,7 +111,7 @@ def _install(hook: Hook, module: Any) -> None:
             if inner is None:
                 _skip(hook, f"{hook.target} is no longer decorated as expected (no __wrapped__)")
                 return
-            setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, wrapper)))
+            setattr(owner, attr, hook.redecorate(wrapt.FunctionWrapper(inner, hook.wrapper, enabled)))
             patch = _Patch(owner, attr, original)
         _installed(hook.name, patch)
     except Exception as exc:  # never let a hook break verl's import
@@ -137,7 +129,7 @@ def install_on(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
         _skip(hook, f"{target} is inherited, not defined here")
         return
     try:
-        wrap(owner, attr, _gated(wrapper, REPORTS), (hook.module, target))
+        wrap(owner, attr, wrapper, (hook.module, target), _reports_enabled)
     except Exception as exc:
         _skip(hook, f"{type(exc).__name__}: {exc}")
         return

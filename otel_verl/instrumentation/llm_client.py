@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation._args import bound
+from otel_verl.instrumentation._args import arg
 from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
@@ -44,14 +44,13 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
-        params = values.get("sampling_params") or {}
+        params = arg(wrapped, instance, args, kwargs, "sampling_params") or {}
         model, provider = _model_and_provider(instance)
         call = events.llm_call(
-            values.get("prompt_ids") or (),
+            arg(wrapped, instance, args, kwargs, "prompt_ids") or (),
             model=model,
             provider=provider,
-            request_id=str(values.get("request_id")),
+            request_id=str(arg(wrapped, instance, args, kwargs, "request_id")),
             max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
             temperature=params.get("temperature"),
             top_p=params.get("top_p"),
@@ -61,11 +60,13 @@ async def _generate(wrapped, instance, args, kwargs):
         return _pop_server_meta(await wrapped(*args, **kwargs))[0]
     with call as turn:
         output, server_meta = _pop_server_meta(await wrapped(*args, **kwargs))
+        # the server wrapper's own dict, popped out of verl's data: ours to change
+        output_tokens = server_meta.pop("completion_tokens", None) if type(server_meta) is dict else None
         turn.finish(
             getattr(output, "token_ids", ()) or (),
             stop_reason=getattr(output, "stop_reason", None),
-            output_tokens=(server_meta or {}).get("completion_tokens"),
-            server_meta={k: v for k, v in (server_meta or {}).items() if k != "completion_tokens"},
+            output_tokens=output_tokens,
+            server_meta=server_meta,
         )
         return output
 

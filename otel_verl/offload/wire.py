@@ -187,7 +187,8 @@ def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, list]]:
         ids, count = turn.prompt_ids, turn.prompt_token_count
         end = len(ids) if count is None else min(count, len(ids))
         if prev_ids is not None and prev_end <= end and (
-            ids is prev_ids or (type(ids) is list and type(prev_ids) is list and ids[:prev_end] == prev_ids[:prev_end])
+            ids is prev_ids or (type(ids) is list and type(prev_ids) is list
+                                and ids[:prev_end] == (prev_ids if len(prev_ids) == prev_end else prev_ids[:prev_end]))
         ):
             out.append((prev_end, list(ids[prev_end:end])))
         else:
