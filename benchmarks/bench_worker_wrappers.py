@@ -49,6 +49,7 @@ sys.path.insert(0, HERE)
 TARGET_TURN_US = 100.0
 TARGET_TRAJ_US = 250.0
 AGENTS = ("single", "llm4", "tool4")  # single-turn, 4 LLM turns, 4 LLM turns + 3 tool calls
+TURNS = 4  # LLM turns of the multi-turn loops (bench_seed_comparison.TOOL_TURNS)
 CONFIGS = (("via an export process (rollout workers' default)", "1"), ("outputs in the worker process", "0"))
 
 
@@ -61,6 +62,7 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
     os.environ.update({"VERL_TRACE_DIR": os.path.join(work, f"trace-{offload}"), "OTEL_VERL_OTLP_FILE": "0",
                        "OTEL_VERL_OFFLOAD": offload, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+    assert stand_ins.TOOL_TURNS == TURNS, "the per-turn slopes assume 4-turn loops"
     tokenizer, _ = stand_ins.load_tokenizer("model")
     stand_ins._TOKENIZER = tokenizer
 
@@ -136,9 +138,9 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
 def added(best: Dict[str, Dict[str, float]], measure: str) -> Dict[str, float]:
     """Traced minus stock: per single-turn trajectory, per extra LLM turn, per tool call."""
     d = {a: best[f"traced/{a}"][measure] - best[f"stock/{a}"][measure] for a in AGENTS}
-    turns = 4 - 1
-    return {"trajectory": d["single"], "llm_turn": (d["llm4"] - d["single"]) / turns,
-            "tool_call": (d["tool4"] - d["llm4"]) / turns}
+    extra = TURNS - 1
+    return {"trajectory": d["single"], "llm_turn": (d["llm4"] - d["single"]) / extra,
+            "tool_call": (d["tool4"] - d["llm4"]) / extra}
 
 
 def report(results: List[Dict[str, Any]]) -> str:
