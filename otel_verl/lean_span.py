@@ -250,15 +250,11 @@ class LeanSpan(trace_api.Span, ReadableSpan):
 
 
 _supported: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-_SUPPORTED_ATTR = "_otel_verl_lean_spans"  # the decision, kept on the tracer (read per span)
 
 
 def supports(tracer: Any) -> bool:
     """Whether :func:`start` may give ``tracer``'s spans as lean spans: an SDK tracer
     whose limits do not cut attribute values (the events API bounds its own texts)."""
-    ok = getattr(tracer, _SUPPORTED_ATTR, None)
-    if ok is not None:
-        return ok
     try:
         return _supported[tracer]
     except (KeyError, TypeError):
@@ -272,12 +268,9 @@ def supports(tracer: Any) -> bool:
         and (limits.max_span_attributes or 0) >= 64
     )
     try:
-        setattr(tracer, _SUPPORTED_ATTR, ok)
-    except (AttributeError, TypeError):
-        try:
-            _supported[tracer] = ok
-        except TypeError:  # not weakly referable: decide again next time
-            pass
+        _supported[tracer] = ok
+    except TypeError:  # not weakly referable: decide again next time
+        pass
     return ok
 
 

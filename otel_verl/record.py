@@ -90,11 +90,13 @@ _starting: contextvars.ContextVar[Optional[Tuple[str, SpanRecord]]] = contextvar
 )
 
 
-def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, **kwargs: Any) -> Any:
+def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, lean: Optional[bool] = None,
+               **kwargs: Any) -> Any:
     """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on: a
-    :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it."""
+    :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it (``lean``: the
+    caller's :func:`~otel_verl.lean_span.supports` decision, when it has one)."""
     record = SpanRecord(record_kind, data)
-    if lean_span.supports(tracer):
+    if lean if lean is not None else lean_span.supports(tracer):
         return lean_span.start(tracer, name, record, **kwargs)
     token = _starting.set((name, record))
     try:

@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from otel_verl import health, lean_span, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
 from otel_verl.lean_span import set_trusted
-from otel_verl.record import SpanRecord, start_span
+from otel_verl.record import start_span
 from otel_verl.semconv import Kind, Outcome
 
 # --------------------------------------------------------------------------- runtime
@@ -221,10 +221,8 @@ def _start_guarded(
     if rt is None:
         return None
     try:
-        if rt.lean_spans:
-            return lean_span.start(rt.tracer, name, SpanRecord(kind_v, data), context=context, kind=kind,
-                                   attributes=attributes)
-        return start_span(rt.tracer, name, kind_v, data, context=context, kind=kind, attributes=attributes)
+        return start_span(rt.tracer, name, kind_v, data, lean=rt.lean_spans, context=context, kind=kind,
+                          attributes=attributes)
     except Exception as exc:
         health.record_failure("events.start_span", exc)
         return None

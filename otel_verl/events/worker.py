@@ -224,15 +224,9 @@ class Turn:
             attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
             if data.finish_reason:
                 attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
-            names = _META_ATTRIBUTES
             for key, value in data.server_meta.items():
                 if _is_number(value):  # as the server kept them
-                    name = names.get(key)
-                    if name is None:
-                        name = sc.llm_server_meta_attribute(key)
-                        if len(names) < 256:
-                            names[key] = name
-                    attrs[name] = value
+                    attrs[sc.llm_server_meta_attribute(key)] = value
             set_trusted_many(span, attrs)
             if self._decode is not None:
                 self._capture_content(span, data)
@@ -253,9 +247,6 @@ class Turn:
         set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
 
 
-# sglang/vLLM meta key -> attribute name: an engine sends the same few keys every turn
-# (a dict read here costs less than the cached function's call)
-_META_ATTRIBUTES: Dict[Any, str] = {}
 _NULL_TURN = Turn(None, None)
 _UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
 
