@@ -14,7 +14,8 @@ stand-ins of ``bench_seed_comparison`` (verl 0.9.1's signatures; the LLM server 
 at once with 256 completion tokens and sglang's timing keys). Three agent loops, their
 trajectories run concurrently on one event loop as in an AgentLoopWorker: single-turn;
 4 LLM turns; 4 LLM turns with a tool call and its observation between them
-(ToolAgentLoop's shape).
+(ToolAgentLoop's shape). A traced row carries the trainer's carrier (unpickled, as
+Ray hands it over), as in a job whose trainer is traced too.
 
 Each round runs every agent loop twice in the same process: stock (no wrapper installed,
 ``hooks.uninstall_all``) and traced (wrappers installed, legacy files + OTLP/HTTP to a
@@ -34,6 +35,7 @@ import asyncio
 import gc
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -66,7 +68,9 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
     tokenizer, _ = stand_ins.load_tokenizer("model")
     stand_ins._TOKENIZER = tokenizer
 
-    from otel_verl import bootstrap, health
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from otel_verl import activation, bootstrap, carriers, health
     from otel_verl.events import _core
     from otel_verl.instrumentation import hooks
     from otel_verl.instrumentation.agent_loop import _agent_run
@@ -101,12 +105,26 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
     trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": stand_ins.COMPLETION_TOKENS}
 
-    async def run(agent: str) -> None:
+    # Each row's carrier as the traced trainer sends it (its rollout span's context, the
+    # row's traj_uid and worker), pickled; a traced row is unpickled as Ray does (stock
+    # verl has no such column).
+    carrier_bytes = [pickle.dumps(carriers.TraceCarrier.from_span(NonRecordingSpan(SpanContext(
+        0x1000 + i // 8, 0x2000 + i // 8, False, TraceFlags(TraceFlags.SAMPLED)))).with_row(
+        {"traj_uid": str(i % 8), "worker": 0})) for i in range(n)]
+    activation._activated_pid = os.getpid()  # a traced worker: carriers need not activate tracing
+
+    def row(i: int, on: bool) -> Dict[str, Any]:
+        columns = {"uid": f"uid-{i // 8}", "traj_uid": str(i % 8)}
+        if on:
+            columns[carriers.COLUMN] = pickle.loads(carrier_bytes[i])
+        return columns
+
+    async def run(agent: str, on: bool) -> None:
         # the stand-in worker picks ToolAgentLoop for "tool_agent", the module's single-turn class otherwise
         stand_ins.SingleTurnAgentLoop = FourTurnAgentLoop if agent == "llm4" else single_loop
         name = "tool_agent" if agent == "tool4" else "single_turn_agent"
         await asyncio.gather(*(worker._run_agent_loop(sampling, trajectory, agent_name=name, request_id=f"r{i}",
-                                                      uid=f"uid-{i // 8}", traj_uid=str(i % 8)) for i in range(n)))
+                                                      **row(i, on)) for i in range(n)))
 
     def export_cpu() -> float:
         return sum(_cpu_seconds(pid) for pid in _export_process_pids(os.getpid()))
@@ -119,7 +137,7 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
                 gc.collect()
                 bootstrap.flush()
                 p0, t0, e0 = time.process_time(), time.thread_time(), export_cpu()
-                loop.run_until_complete(run(agent))
+                loop.run_until_complete(run(agent, on))
                 bootstrap.flush()  # every output written, exported (and the export process's work done)
                 p1, t1, e1 = time.process_time(), time.thread_time(), export_cpu()
                 worker.client.sent = []

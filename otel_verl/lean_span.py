@@ -295,9 +295,9 @@ def start(
     ids = tracer.id_generator
     attributes = attributes if attributes is not None else {}
     if type(parent_span) is LeanSpan and getattr(tracer.sampler, "follows_local_parent", False):
-        # the sampler would give the parent's decision (see otel_verl.sampling)
-        span_context = SpanContext(parent.trace_id, ids.generate_span_id(), False, parent.trace_flags,
-                                   parent.trace_state)
+        # the sampler would give the parent's decision (see otel_verl.sampling); a
+        # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, ...)
+        span_context = SpanContext(parent[0], ids.generate_span_id(), False, parent[3], parent[4])
         return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
     if parent is None or not parent.is_valid:
         parent = None

@@ -202,9 +202,72 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     rebuilder.codecs = codecs
     rebuilt = rebuilder._data(wire._TRAJECTORY, pickle.loads(pickle.dumps(snapshot)))
     assert trajectory_line(rebuilt) == trajectory_line(data)
-    sent = sum(len(turn[0][1]) for turn in snapshot[2])
+    sent = sum(len(wire._unpacked_ids(turn[0][1])) for turn in snapshot[2])
     if prompt_shapes in ("extended in place", "new list each turn"):
         assert sent == 20 + 3 * 5  # the first prompt, then each turn's 5 new tokens
     for turn, original in zip(rebuilt.turns, data.turns):
         count = original.prompt_token_count
         assert list(turn.prompt_ids) == list(original.prompt_ids[:count] if count is not None else original.prompt_ids)
+
+
+def _sdk_spans(processor):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    return provider.get_tracer("test", "1.0")
+
+
+@pytest.mark.parametrize("max_open", [16, 0])
+def test_an_end_after_its_start_goes_as_what_changed_and_rebuilds_whole(max_open):
+    """A span whose start went over ends as ``END_OF`` its serial (no name, ids, parent,
+    kind, start or scope again); the export process rebuilds the same span. Beyond
+    ``max_open`` started spans the end goes whole."""
+    import pickle
+
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    from otel_verl.offload import wire
+
+    snapshots = wire.Snapshotter(lambda decode, encode: 0, max_open=max_open)
+    sent, ended = [], []
+
+    class Capture(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            sent.append(snapshots.start(span))
+
+        def on_end(self, span):
+            sent.append(snapshots.end(span))
+            ended.append(span)
+
+    tracer = _sdk_spans(Capture())
+    with tracer.start_as_current_span("parent"):
+        with tracer.start_as_current_span("child", kind=SpanKind.CLIENT, attributes={"a": 1}) as child:
+            child.set_attribute("b", "two")
+            child.set_status(StatusCode.ERROR, "boom")
+    assert [s[0] for s in sent] == ([wire.START] * 2 + [wire.END_OF] * 2 if max_open else
+                                    [wire.START] * 2 + [wire.END] * 2)
+    rebuild = wire.Rebuilder(wire.HostConfig(settings=None, resource_attributes={}, resource_schema_url="", pid=1))
+    rebuilt = [rebuild.span(s) for s in pickle.loads(pickle.dumps(sent))]
+    assert [what for what, _ in rebuilt] == [wire.START, wire.START, wire.END, wire.END]
+    for (_, got), want in zip(rebuilt[2:], ended):
+        assert (got.name, got.context, got.parent, got.kind, got.start_time, got.end_time) == (
+            want.name, want.context, want.parent, want.kind, want.start_time, want.end_time)
+        assert dict(got.attributes) == dict(want.attributes)
+        assert got.status.status_code == want.status.status_code
+        assert got.instrumentation_scope == want.instrumentation_scope
+    assert rebuilt[2][1].attributes == {"a": 1, "b": "two"}
+    assert rebuild._open == {} and snapshots._open == {}  # nothing held once every span ended
+
+
+def test_token_ids_cross_as_packed_bytes_or_as_they_are():
+    import numpy as np
+
+    from otel_verl.offload import wire
+
+    for ids in ([1, 2, 151_000], np.array([3, 4], dtype=np.int64), []):
+        packed = wire._packed_ids(ids)
+        assert type(packed) is bytes and wire._unpacked_ids(packed) == [int(i) for i in ids]
+    for odd in ([-1, 2], [1 << 40], [1.5]):  # no unsigned 32-bit ints: sent as a list
+        assert wire._unpacked_ids(wire._packed_ids(odd)) == odd

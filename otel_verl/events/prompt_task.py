@@ -52,7 +52,7 @@ def prompt_task_started(
     attrs = {sc.UID: uid_s, sc.GLOBAL_STEP: int(step), sc.GEN_AI_AGENT_NAME: agent_name}
     if worker_index is not None:
         attrs[sc.WORKER_INDEX] = int(worker_index)
-    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Kind.PROMPT_TASK, context=parent_ctx, attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Kind.PROMPT_TASK, lean=rt.lean_spans, context=parent_ctx, attributes=attrs)
     limit = max(1, rt.settings.max_open_samples)
     evicted = []
     with _lock:

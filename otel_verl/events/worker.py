@@ -105,9 +105,8 @@ def trajectory(
             attrs[sc.WORKER_INDEX] = int(worker_index)
         if validate:
             attrs[sc.VALIDATE] = True
-        span = start_span(
-            rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs
-        )
+        span = start_span(rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, lean=rt.lean_spans,
+                          context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs)
         return _TrajectoryScope(_Trajectory(span, data, worker_index))
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
@@ -225,7 +224,8 @@ class Turn:
             if data.finish_reason:
                 attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
             for key, value in data.server_meta.items():
-                if _is_number(value):  # as the server kept them
+                vtype = type(value)  # (the usual types first, without a call)
+                if vtype is float or vtype is int or _is_number(value):  # as the server kept them
                     attrs[sc.llm_server_meta_attribute(key)] = value
             set_trusted_many(span, attrs)
             if self._decode is not None:

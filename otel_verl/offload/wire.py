@@ -7,11 +7,13 @@ same otel_verl in the same Python environment). Messages, as tuples:
 - ``("codec", codec_id, pickled (decode, encode))``: a tokenizer's functions, once each,
   before the first trajectory that names them (:func:`dumps_codec`);
 - ``("forget_codec", codec_id)``: no later trajectory names it (the sender keeps a few);
-- ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened;
+- ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened. A
+  span whose start went over ends with what changed only (``END_OF`` the start's serial
+  number): its name, ids, parent, kind, start time and scope are the start's;
 - ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
   everything sent before it has been written and exported.
 
-A snapshot holds plain values only (tuples, dicts, lists, str, int, float), so pickling
+A snapshot holds plain values only (tuples, dicts, lists, bytes, str, int, float), so pickling
 never runs Python code that could let the agent loop's thread change a value half-way.
 
 Record data that belongs to a trajectory still running (an LLM call's ``TurnData``, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -36,7 +39,8 @@ from otel_verl.lean_span import RECORD_ATTR
 from otel_verl.record import SpanRecord, TrajectoryData, TurnData
 from otel_verl.semconv import Kind
 
-START, END = 0, 1
+START, END, END_OF = 0, 1, 2  # END_OF: the end of a span whose START carried a serial number
+MAX_OPEN = 1 << 16  # started spans a Snapshotter remembers until they end
 # How a span's record data travels: as it is, a trajectory's identity, a whole trajectory.
 _AS_IS, _IDENTITY, _TRAJECTORY = 0, 1, 2
 _HEADER = struct.Struct(">I")
@@ -110,9 +114,16 @@ class Snapshotter:
     :class:`~otel_verl.lean_span.LeanSpan` have) rather than through a dozen properties
     and enum descriptors per span."""
 
-    def __init__(self, codec_id: Callable[[Any, Any], int]) -> None:
+    def __init__(self, codec_id: Callable[[Any, Any], int], max_open: int = MAX_OPEN) -> None:
         self._codec_id = codec_id
         self._scopes: Dict[int, tuple] = {}  # id(scope) -> (scope, its tuple): one tuple object, pickled once a batch
+        # id(context) -> (context, serial) of the spans whose START went out and END not yet
+        # (by SpanContext: an SDK span ends as a copy sharing it). The context is held, so
+        # its id is not reused meanwhile. Bounded: beyond ``max_open`` (spans that never
+        # end) a start gets no serial and its end goes whole.
+        self._open: Dict[int, Tuple[Any, int]] = {}
+        self._max_open = max_open
+        self._serial = 0
 
     def start(self, span: Any) -> tuple:
         record = getattr(span, RECORD_ATTR, None)
@@ -123,10 +134,19 @@ class Snapshotter:
                 sent = (record.kind._value_, _IDENTITY, _identity(data))
             else:
                 sent = (record.kind._value_, _AS_IS, None if type(data) is TurnData else data)
-        return (START, span._name, _context(span._context), _context(span._parent), span._kind._value_,
-                span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
+        snapshot = (START, span._name, _context(span._context), _context(span._parent), span._kind._value_,
+                    span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
+        opened = self._open
+        if len(opened) >= self._max_open:
+            return snapshot + (None,)
+        serial = self._serial = self._serial + 1
+        context = span._context
+        opened[id(context)] = (context, serial)
+        return snapshot + (serial,)
 
     def end(self, span: Any) -> tuple:
+        context = span._context
+        opened = self._open.pop(id(context), None)
         record = getattr(span, RECORD_ATTR, None)
         sent = None
         if record is not None:
@@ -141,14 +161,17 @@ class Snapshotter:
         if type(attributes) is not dict or events or links:
             dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
             attributes = dict(attributes)
-        return (
-            END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
-            attributes, self._scope(span._instrumentation_scope), sent, span._end_time,
+        ending = (
+            span._end_time,
             [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None,
             [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None,
             None if status._status_code is StatusCode.UNSET else (status._status_code._value_, status._description),
             dropped,
         )
+        if opened is not None and opened[0] is context:
+            return (END_OF, opened[1], attributes, sent) + ending
+        return (END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
+                attributes, self._scope(span._instrumentation_scope), sent) + ending
 
     def _scope(self, scope: Any) -> Optional[tuple]:
         if scope is None:
@@ -161,7 +184,7 @@ class Snapshotter:
     def _trajectory(self, data: TrajectoryData) -> tuple:
         recorded = list(data.turns)
         turns = [
-            (prompt, t.start_ts, t.prompt_token_count, t.end_ts, list(t.completion_ids),
+            (prompt, t.start_ts, t.prompt_token_count, t.end_ts, _packed_ids(t.completion_ids),
              t.completion_token_count, t.finish_reason, dict(t.server_meta), t.observation_text,
              t.observation_start_ts, t.observation_end_ts)
             for t, prompt in zip(recorded, _prompt_deltas(recorded))
@@ -171,16 +194,16 @@ class Snapshotter:
                 data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
 
 
-def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, list]]:
-    """Each turn's prompt as ``(start, tokens)``: the previous turn's prompt up to ``start``
-    (its whole length, or 0) followed by ``tokens``.
+def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, Any]]:
+    """Each turn's prompt as ``(start, tokens)`` (tokens as :func:`_packed_ids`): the
+    previous turn's prompt up to ``start`` (its whole length, or 0) followed by ``tokens``.
 
     An agent loop's turn ``i`` prompt is nearly always turn ``i - 1``'s plus the completion
     and observation in between (ToolAgentLoop extends one list in place), so sending every
     prompt whole would cost the trajectory's turns squared in tokens, copied and pickled
     here and unpickled in the export process. A prompt is cut at ``prompt_token_count``
     (its length when the call started), all the outputs read of it."""
-    out: List[Tuple[int, list]] = []
+    out: List[Tuple[int, Any]] = []
     prev_ids: Any = None
     prev_end = 0
     for turn in turns:
@@ -190,21 +213,44 @@ def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, list]]:
             ids is prev_ids or (type(ids) is list and type(prev_ids) is list
                                 and ids[:prev_end] == (prev_ids if len(prev_ids) == prev_end else prev_ids[:prev_end]))
         ):
-            out.append((prev_end, list(ids[prev_end:end])))
+            out.append((prev_end, _packed_ids(ids[prev_end:end])))
         else:
-            out.append((0, list(ids[:end])))
+            out.append((0, _packed_ids(ids[:end])))
         prev_ids, prev_end = ids, end
     return out
 
 
-def _prompts(deltas: Sequence[Tuple[int, list]]) -> List[list]:
+def _prompts(deltas: Sequence[Tuple[int, Any]]) -> List[list]:
     """:func:`_prompt_deltas` undone."""
     out: List[list] = []
     prompt: list = []
-    for start, tokens in deltas:
+    for start, sent in deltas:
+        tokens = _unpacked_ids(sent)
         prompt = prompt[:start] + tokens if start else tokens
         out.append(prompt)
     return out
+
+
+_IDS = "I"  # token ids as C unsigned ints (4 bytes; both ends are the same Python build)
+
+
+def _packed_ids(ids: Any) -> Any:
+    """Token ids as the bytes of an unsigned-int array: pickled as one copy, where a list
+    pickles int by int (several times the cost, for the hundreds of ids of every turn).
+    Ids that are no such ints (negative, too large, not ints) go as a list."""
+    try:
+        return array(_IDS, ids).tobytes()
+    except (TypeError, ValueError, OverflowError):
+        return list(ids)
+
+
+def _unpacked_ids(sent: Any) -> list:
+    """:func:`_packed_ids` undone."""
+    if type(sent) is not bytes:
+        return sent
+    ids = array(_IDS)
+    ids.frombytes(sent)
+    return ids.tolist()
 
 
 def _identity(data: TrajectoryData) -> tuple:
@@ -237,25 +283,39 @@ class Rebuilder:
         self.resource = Resource(config.resource_attributes, config.resource_schema_url)
         self._scopes: Dict[tuple, InstrumentationScope] = {}
         self.codecs: Dict[int, Tuple[Any, Any]] = {}
+        # serial -> (name, context, parent, kind, start, scope) of the started spans that
+        # will end as END_OF (as many as the sender holds open, at most)
+        self._open: Dict[int, tuple] = {}
 
     def span(self, snapshot: tuple) -> Tuple[int, RemoteSpan]:
-        what, name, ctx, parent, kind, start, attributes, scope, record = snapshot[:9]
+        """``(START or END, the span)``."""
+        what = snapshot[0]
         end_time = events = links = status = dropped = None
-        if what == END:
-            end_time, events, links, status, dropped = snapshot[9:]
+        if what == END_OF:
+            _, serial, attributes, record, end_time, events, links, status, dropped = snapshot
+            name, context, parent, kind, start, scope = self._open.pop(serial)
+            what = END
+        else:
+            name, ctx, parent_ctx, kind_value, start, attributes, scope_key, record = snapshot[1:9]
+            context, parent, kind = _span_context(ctx), _span_context(parent_ctx), SpanKind(kind_value)
+            scope = self._scope(scope_key)
+            if what == END:
+                end_time, events, links, status, dropped = snapshot[9:]
+            elif snapshot[9] is not None:
+                self._open[snapshot[9]] = (name, context, parent, kind, start, scope)
         span = RemoteSpan(
             name,
-            context=_span_context(ctx),
-            parent=_span_context(parent),
+            context=context,
+            parent=parent,
             resource=self.resource,
             attributes=attributes,
             events=[Event(n, a, t) for n, a, t in events] if events else (),
             links=[Link(_span_context(c), a) for c, a in links] if links else (),
-            kind=SpanKind(kind),
+            kind=kind,
             status=Status(StatusCode(status[0]), status[1]) if status else Status(StatusCode.UNSET),
             start_time=start,
             end_time=end_time,
-            instrumentation_scope=self._scope(scope),
+            instrumentation_scope=scope,
         )
         if dropped:
             span._otel_verl_dropped = dropped  # read by the properties below
@@ -285,7 +345,7 @@ class Rebuilder:
         out.decode, out.encode = decode, encode
         prompts = _prompts([turn[0] for turn in turns])
         out.turns = [
-            TurnData(prompt_ids=p, start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=c,
+            TurnData(prompt_ids=p, start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=_unpacked_ids(c),
                      completion_token_count=cc, finish_reason=fr, server_meta=meta, observation_text=ot,
                      observation_start_ts=os_, observation_end_ts=oe)
             for p, (_, s, pc, e, c, cc, fr, meta, ot, os_, oe) in zip(prompts, turns)
