@@ -37,6 +37,8 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from otel_verl import current_span
+
 logger = logging.getLogger("otel_verl")
 
 RECORD_ATTR = "_otel_verl_record"  # where a span carries its record (otel_verl.record)
@@ -44,6 +46,7 @@ _UNSET = Status(StatusCode.UNSET)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # SDK >= 1.39
+_KNOWN_FLAGS = TraceFlags.SAMPLED | _RANDOM_TRACE_ID
 # Ending is the one transition two threads may race for (a sample root ended by the
 # trainer thread and by the registry's bound): one lock for all spans, held for a check.
 _END_LOCK = threading.Lock()
@@ -240,7 +243,9 @@ class LeanSpan(trace_api.Span, ReadableSpan):
                 return
             self._end_time = end_time if end_time is not None else _now_ns()
         processor = self._processor
-        on_ending = getattr(processor, "_on_ending", None)  # SDK >= 1.39: before on_end, as Span.end() does
+        # SDK >= 1.39: _on_ending before on_end, as Span.end() does (unless the processor
+        # says none of its processors has one: otel_verl.sampling.IsolatingSpanProcessor)
+        on_ending = getattr(processor, "_on_ending", None) if getattr(processor, "calls_on_ending", True) else None
         if on_ending is not None:
             on_ending(self)
         processor.on_end(self)  # ended: nothing changes it any more, so it is its own ReadableSpan
@@ -288,16 +293,21 @@ def start(
     (``attributes`` is taken over, not copied: the caller builds it for this span), or a
     ``NonRecordingSpan`` where the tracer is off or its sampler drops the span."""
     is_enabled = getattr(tracer, "_is_enabled", None)
-    parent_span = trace_api.get_current_span(context)
+    parent_span = current_span.of(context)
     parent = parent_span.get_span_context()
     if is_enabled is not None and not is_enabled():
         return trace_api.NonRecordingSpan(parent)
     ids = tracer.id_generator
     attributes = attributes if attributes is not None else {}
-    if type(parent_span) is LeanSpan and getattr(tracer.sampler, "follows_local_parent", False):
-        # the sampler would give the parent's decision (see otel_verl.sampling); a
-        # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, ...)
-        span_context = SpanContext(parent[0], ids.generate_span_id(), False, parent[3], parent[4])
+    # A SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid).
+    if (getattr(tracer.sampler, "follows_local_parent", False) if type(parent_span) is LeanSpan else
+            parent[2] and parent[5] and getattr(tracer.sampler, "follows_remote_parent", False)):
+        # the sampler would give the parent's decision (see otel_verl.sampling); a remote
+        # parent's flags may carry bits the SDK would not pass on
+        flags = parent[3]
+        if flags & ~_KNOWN_FLAGS:
+            flags = TraceFlags(flags & _KNOWN_FLAGS)
+        span_context = SpanContext(parent[0], ids.generate_span_id(), False, flags, parent[4])
         return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
     if parent is None or not parent.is_valid:
         parent = None

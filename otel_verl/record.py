@@ -39,6 +39,22 @@ class TurnData:
     observation_end_ts: Optional[float] = None
 
 
+def prompt_tokens(turn: TurnData) -> int:
+    """The turn's prompt length as the outputs count it (at the call, else the ids')."""
+    count = turn.prompt_token_count
+    return count if count is not None else _length(turn.prompt_ids)
+
+
+def completion_tokens(turn: TurnData) -> int:
+    """The turn's completion length as the outputs count it (the server's, else the ids')."""
+    count = turn.completion_token_count
+    return count if count is not None else _length(turn.completion_ids)
+
+
+def _length(ids: Any) -> int:
+    return len(ids) if ids is not None else 0  # not `ids or ()`: ids may be a numpy array
+
+
 @dataclass
 class TrajectoryData:
     """Everything the rollout worker knows about one (uid, traj_uid) run."""

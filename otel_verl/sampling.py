@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextvars
+import random
 from typing import Any, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
@@ -33,11 +34,13 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
     _get_from_env_or_default,
 )
+from opentelemetry.trace import INVALID_SPAN_ID
 
 from otel_verl import health
 from otel_verl.lean_span import RECORD_ATTR
 from otel_verl.record import record_of
 
+_random_bits = random.getrandbits
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
 
@@ -56,7 +59,8 @@ class UidIdGenerator(RandomIdGenerator):
         if ids is not None:
             _next_ids.set(None)  # the root's span id is used once; its children get random ids
             return ids[1]
-        return super().generate_span_id()
+        span_id = _random_bits(64)  # as RandomIdGenerator (its random module), one call less a span
+        return span_id if span_id != INVALID_SPAN_ID else super().generate_span_id()
 
     def is_trace_id_random(self) -> bool:
         return False
@@ -87,6 +91,9 @@ class RecordDroppedSamples(Sampler):
         # (parent-based ones by their defaults for local parents, the others decide on
         # the trace id alone), so lean spans may skip asking (otel_verl.lean_span).
         self.follows_local_parent = _follows_local_parent(inner)
+        # The same for a remote parent (a carrier's context): only a parent-based sampler
+        # whose remote delegates are its defaults gives the parent's decision.
+        self.follows_remote_parent = _follows_remote_parent(inner)
 
     def is_sampled(self, trace_id: int) -> bool:
         """The root decision for a trace (used where a parent must be synthesised)."""
@@ -110,6 +117,12 @@ def _follows_local_parent(sampler: Sampler) -> bool:
         return (getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
                 and getattr(sampler, "_local_parent_not_sampled", None) is ALWAYS_OFF)
     return type(sampler) in (StaticSampler, TraceIdRatioBased)
+
+
+def _follows_remote_parent(sampler: Sampler) -> bool:
+    return (isinstance(sampler, ParentBased)
+            and getattr(sampler, "_remote_parent_sampled", None) is ALWAYS_ON
+            and getattr(sampler, "_remote_parent_not_sampled", None) is ALWAYS_OFF)
 
 
 def record_dropped_samples(inner: Optional[Sampler] = None) -> Sampler:
@@ -201,6 +214,7 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         self._on_start: Tuple[Tuple[Any, Any], ...] = ()
         self._on_end: Tuple[Tuple[Any, Any], ...] = ()
         self._on_ending_processors: Tuple[Any, ...] = ()
+        self.calls_on_ending = False
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         super().add_span_processor(span_processor)
@@ -210,6 +224,7 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         self._on_ending_processors = tuple(
             sp for sp in processors if getattr(type(sp), "_on_ending", None) is not SpanProcessor._on_ending
         )
+        self.calls_on_ending = bool(self._on_ending_processors)  # read by LeanSpan.end
 
     def on_start(self, span, parent_context=None) -> None:
         record = getattr(span, RECORD_ATTR, None)  # (inline: twice per span of a rollout worker)

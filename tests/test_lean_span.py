@@ -17,8 +17,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
 from otel_verl import carriers, lean_span
 from otel_verl.record import SpanRecord, record_of, start_span
@@ -52,8 +52,9 @@ def _provider(sampler=None, limits=None, processors=()):
     return provider, provider.get_tracer("otel_verl", "1.0"), exporter
 
 
-def _remote_parent(sampled=True):
-    ctx = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT))
+def _remote_parent(sampled=True, extra_flags=0, trace_state=None):
+    flags = TraceFlags((TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT) | extra_flags)
+    ctx = SpanContext(0xABC, 0xDEF, True, flags, trace_state)
     return trace.set_span_in_context(NonRecordingSpan(ctx))
 
 
@@ -212,22 +213,29 @@ class DropChat(Sampler):
 @pytest.mark.parametrize("inner, parent_sampled, child_sampled", [
     (ParentBased(ALWAYS_ON), False, False),
     (ParentBased(ALWAYS_ON), True, True),
+    (ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON), False, True),
     (TraceIdRatioBased(1.0), True, True),
+    (TraceIdRatioBased(1.0), False, True),
     (DropChat(), True, False),
 ])
 def test_sampling_decisions_match_the_sdk(inner, parent_sampled, child_sampled):
+    """Lean spans under a remote parent (a carrier) and a local one get the SDK's flags
+    and trace state, whether the sampler is asked or known to follow the parent."""
     sampler = record_dropped_samples(inner)
     assert sampler.follows_local_parent is not isinstance(inner, DropChat)
+    assert sampler.follows_remote_parent is (isinstance(inner, ParentBased) and inner._remote_parent_not_sampled is ALWAYS_OFF)
     provider, tracer, _ = _provider(sampler=sampler)
     flags = []
     for make in (lambda name, ctx: lean_span.start(tracer, name, SpanRecord(Kind.TOOL), context=ctx),
                  lambda name, ctx: tracer.start_span(name, context=ctx)):
-        parent = make("invoke_agent a", _remote_parent(parent_sampled))
+        # a vendor's trace state goes on; a flag bit the SDK does not know does not
+        parent = make("invoke_agent a", _remote_parent(parent_sampled, 0x80, TraceState([("vendor", "v1")])))
         child = make("chat m", trace.set_span_in_context(parent))
         assert child.is_recording()  # RecordDroppedSamples: dropped spans are still recorded
         assert child.get_span_context().trace_flags.sampled is child_sampled
         assert child.get_span_context().trace_id == parent.get_span_context().trace_id
-        flags.append((parent.get_span_context().trace_flags, child.get_span_context().trace_flags))
+        flags.append((parent.get_span_context().trace_flags, child.get_span_context().trace_flags,
+                      parent.get_span_context().trace_state, child.get_span_context().trace_state))
         child.end()
         parent.end()
     assert flags[0] == flags[1]  # lean == SDK
@@ -311,6 +319,36 @@ def test_processors_see_only_the_kinds_they_ask_for():
     assert everything.seen == [("start", "traj"), ("start", "chat"), ("end", "chat"), ("end", "traj"),
                                ("start", "foreign"), ("end", "foreign")]
     provider.shutdown()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["default runtime context", "another runtime context"])
+def test_the_current_span_is_read_and_set_as_the_api_does(direct, monkeypatch):
+    """otel_verl.current_span on the default runtime context's ContextVar, or through the
+    API for any other: what trace.get_current_span and attach / detach would give."""
+    from otel_verl import current_span
+
+    if not direct:
+        monkeypatch.setattr(current_span, "_VAR", None)
+    assert current_span._VAR is not None or not direct  # the SDK's default is the direct path
+    outer, inner = (NonRecordingSpan(SpanContext(7, n, False)) for n in (1, 2))
+    assert current_span.get() is trace.get_current_span() is trace.INVALID_SPAN
+    token = otel_context.attach(otel_context.set_value("other key", "kept"))
+    first = current_span.make_current(outer)
+    second = current_span.make_current(inner)
+    assert current_span.get() is trace.get_current_span() is inner
+    assert otel_context.get_value("other key") == "kept"  # the rest of the context stays
+    current_span.restore(second)
+    assert current_span.get() is trace.get_current_span() is outer
+    current_span.restore(first)
+    otel_context.detach(token)
+    assert current_span.get() is trace.INVALID_SPAN
+    not_a_span = otel_context.attach(otel_context.set_value(trace._SPAN_KEY, "not a span"))
+    assert current_span.get() is trace.get_current_span() is trace.INVALID_SPAN
+    otel_context.detach(not_a_span)
+    given = trace.set_span_in_context(inner)
+    assert current_span.of(given) is trace.get_current_span(given) is inner
+    assert current_span.of(otel_context.Context()) is trace.INVALID_SPAN
+    assert current_span.of(None) is trace.get_current_span()
 
 
 # --------------------------------------------------------------------------- hand-offs and caches

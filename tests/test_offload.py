@@ -183,8 +183,9 @@ def _multi_turn(prompt_shapes: str) -> "TrajectoryData":
 
 @pytest.mark.parametrize("prompt_shapes", ["extended in place", "new list each turn", "history rewritten", "tuples"])
 def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(prompt_shapes):
-    """Turn prompts go over as the tokens added since the previous turn (not each prompt
-    whole): the export process's JSONL line is the line the process would have written."""
+    """Turn 0's prompt goes whole, a later turn's from the end of the previous completion
+    on (what the JSONL reads of it): the export process's JSONL line is the line the
+    process would have written, and a read of an unsent id raises instead of inventing one."""
     import pickle
 
     from otel_verl.exporters.trajectory_jsonl import trajectory_line
@@ -203,11 +204,25 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     rebuilt = rebuilder._data(wire._TRAJECTORY, pickle.loads(pickle.dumps(snapshot)))
     assert trajectory_line(rebuilt) == trajectory_line(data)
     sent = sum(len(wire._unpacked_ids(turn[0][1])) for turn in snapshot[2])
-    if prompt_shapes in ("extended in place", "new list each turn"):
-        assert sent == 20 + 3 * 5  # the first prompt, then each turn's 5 new tokens
+    if prompt_shapes != "history rewritten":
+        assert sent == 20 + 3 * 2  # the first prompt, then each turn's observation and template tokens
+    else:
+        assert sent == 20  # each later prompt ends where the previous completion would: nothing read
+    previous_end = 0  # where the previous turn's completion ended: prompt count + 3 completion ids
     for turn, original in zip(rebuilt.turns, data.turns):
         count = original.prompt_token_count
-        assert list(turn.prompt_ids) == list(original.prompt_ids[:count] if count is not None else original.prompt_ids)
+        whole = list(original.prompt_ids[:count] if count is not None else original.prompt_ids)
+        start = min(previous_end, len(whole))
+        assert len(turn.prompt_ids) == len(whole)
+        assert list(turn.prompt_ids[start:]) == whole[start:]
+        if start:
+            with pytest.raises(wire.UnsentTokens):
+                turn.prompt_ids[start - 1]
+            with pytest.raises(IndexError):
+                turn.prompt_ids[-len(whole) - 1]
+            with pytest.raises(wire.UnsentTokens):
+                list(turn.prompt_ids)
+        previous_end = len(whole) + 3
 
 
 def _sdk_spans(processor):

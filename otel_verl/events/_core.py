@@ -15,7 +15,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_verl import health, lean_span, semconv as sc
+from otel_verl import current_span, health, lean_span, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
 from otel_verl.lean_span import set_trusted
 from otel_verl.record import start_span
@@ -276,7 +276,7 @@ class SpanScope:
 
     def __enter__(self) -> Any:
         if self.span is not None:
-            self._ctx_token = otel_context.attach(trace.set_span_in_context(self.span))
+            self._ctx_token = current_span.make_current(self.span)
         if self._var is not None:
             self._var_token = self._var.set(self._var_value)
         return self.value
@@ -306,7 +306,7 @@ class SpanScope:
                 pass
         if self._ctx_token is not None:
             try:
-                otel_context.detach(self._ctx_token)
+                current_span.restore(self._ctx_token)
             except Exception:  # detached in another context
                 pass
         return False

@@ -34,7 +34,7 @@ from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, output_pid
 from otel_verl.exporters.sample_csv import write_discovery_file
 from otel_verl.ids import sample_index
-from otel_verl.record import TrajectoryData, TurnData, record_of
+from otel_verl.record import TrajectoryData, TurnData, completion_tokens, prompt_tokens, record_of
 from otel_verl.semconv import Kind
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
@@ -177,10 +177,7 @@ def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> 
     out: List[Dict[str, Any]] = []
     prev_prompt = prev_completion = prev_observation_tokens = 0
     for i, turn in enumerate(turns):
-        prompt_count = turn.prompt_token_count if turn.prompt_token_count is not None else _length(turn.prompt_ids)
-        completion_count = (
-            turn.completion_token_count if turn.completion_token_count is not None else _length(turn.completion_ids)
-        )
+        prompt_count, completion_count = prompt_tokens(turn), completion_tokens(turn)
         completion_ms = (turn.end_ts - turn.start_ts) * 1000 if turn.end_ts else 0.0
         observation_ms = (
             (turn.observation_end_ts - turn.observation_start_ts) * 1000
@@ -247,10 +244,6 @@ def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
         "sglang_prefill_ms": launch * 1000 if launch is not None else None,
         "sglang_decode_time_ms": decode_ms,
     }
-
-
-def _length(ids: Any) -> int:
-    return len(ids) if ids is not None else 0  # not `ids or ()`: ids may be a numpy array
 
 
 def _number(value: Any) -> Any:

@@ -64,17 +64,35 @@ def arg(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwarg
     value = kwargs.get(name, _MISSING)
     if value is not _MISSING:
         return value
+    index = _index(wrapped, instance, name)
+    return args[index] if 0 <= index < len(args) else default
+
+
+def args_named(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+               names: Tuple[str, ...]) -> Tuple[Any, ...]:
+    """:func:`arg` of each of ``names`` (``None`` for one not passed), in one call."""
+    values = []
+    for name in names:
+        value = kwargs.get(name, _MISSING)
+        if value is _MISSING:
+            index = _index(wrapped, instance, name) if args else -1
+            value = args[index] if 0 <= index < len(args) else None
+        values.append(value)
+    return tuple(values)
+
+
+def _index(wrapped: Callable[..., Any], instance: Any, name: str) -> int:
+    """Where ``name`` is in a wrapped call's positional ``args`` (-1: not a positional parameter)."""
     target = getattr(wrapped, "__wrapped__", wrapped)
     func = getattr(target, "__func__", None)
     if func is not None:  # a bound method: self is not in args
         positions, has_self = _positions(func)
-        index = positions.get(name, -1) - 1 if has_self else positions.get(name, -1)
-    else:
-        positions, has_self = _positions(target)
-        index = positions.get(name, -1)
-        if has_self and instance is not None and index >= 0:
-            index -= 1  # self came as the instance, not in args
-    return args[index] if 0 <= index < len(args) else default
+        return positions.get(name, -1) - 1 if has_self else positions.get(name, -1)
+    positions, has_self = _positions(target)
+    index = positions.get(name, -1)
+    if has_self and instance is not None and index >= 0:
+        index -= 1  # self came as the instance, not in args
+    return index
 
 
 def self_and_args(instance: Any, args: Tuple[Any, ...]) -> Tuple[Any, Tuple[Any, ...]]:

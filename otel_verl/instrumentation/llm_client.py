@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation._args import arg
+from otel_verl.instrumentation._args import args_named
 from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
@@ -20,6 +20,7 @@ COMPONENT = "llm_client"
 
 
 _MODEL_CACHE_ATTR = "_otel_verl_model_provider"
+_GENERATE_ARGS = ("sampling_params", "prompt_ids", "request_id")
 
 
 def _model_and_provider(client: Any) -> "tuple[str | None, str]":
@@ -44,13 +45,14 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        params = arg(wrapped, instance, args, kwargs, "sampling_params") or {}
+        params, prompt_ids, request_id = args_named(wrapped, instance, args, kwargs, _GENERATE_ARGS)
+        params = params or {}
         model, provider = _model_and_provider(instance)
         call = events.llm_call(
-            arg(wrapped, instance, args, kwargs, "prompt_ids") or (),
+            prompt_ids or (),
             model=model,
             provider=provider,
-            request_id=str(arg(wrapped, instance, args, kwargs, "request_id")),
+            request_id=str(request_id),
             max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
             temperature=params.get("temperature"),
             top_p=params.get("top_p"),

@@ -24,6 +24,7 @@ its identity only (uid, traj_uid, step, agent, trainer API, n).
 
 from __future__ import annotations
 
+import collections.abc
 import pickle
 import struct
 from array import array
@@ -36,7 +37,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_verl.lean_span import RECORD_ATTR
-from otel_verl.record import SpanRecord, TrajectoryData, TurnData
+from otel_verl.record import SpanRecord, TrajectoryData, TurnData, completion_tokens, prompt_tokens
 from otel_verl.semconv import Kind
 
 START, END, END_OF = 0, 1, 2  # END_OF: the end of a span whose START carried a serial number
@@ -117,11 +118,11 @@ class Snapshotter:
     def __init__(self, codec_id: Callable[[Any, Any], int], max_open: int = MAX_OPEN) -> None:
         self._codec_id = codec_id
         self._scopes: Dict[int, tuple] = {}  # id(scope) -> (scope, its tuple): one tuple object, pickled once a batch
-        # id(context) -> (context, serial) of the spans whose START went out and END not yet
+        # id(context) -> (context, serial, its tuple) of the spans whose START went out and END not yet
         # (by SpanContext: an SDK span ends as a copy sharing it). The context is held, so
         # its id is not reused meanwhile. Bounded: beyond ``max_open`` (spans that never
         # end) a start gets no serial and its end goes whole.
-        self._open: Dict[int, Tuple[Any, int]] = {}
+        self._open: Dict[int, Tuple[Any, int, tuple]] = {}
         self._max_open = max_open
         self._serial = 0
 
@@ -134,14 +135,18 @@ class Snapshotter:
                 sent = (record.kind._value_, _IDENTITY, _identity(data))
             else:
                 sent = (record.kind._value_, _AS_IS, None if type(data) is TurnData else data)
-        snapshot = (START, span._name, _context(span._context), _context(span._parent), span._kind._value_,
+        opened, context, parent = self._open, span._context, span._parent
+        context_sent = _context(context)
+        # a parent that is a started span here (a chat span's trajectory): its tuple again,
+        # which the batch's pickle then writes as a reference
+        parent_open = opened.get(id(parent)) if parent is not None else None
+        parent_sent = parent_open[2] if parent_open is not None and parent_open[0] is parent else _context(parent)
+        snapshot = (START, span._name, context_sent, parent_sent, span._kind._value_,
                     span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
-        opened = self._open
         if len(opened) >= self._max_open:
             return snapshot + (None,)
         serial = self._serial = self._serial + 1
-        context = span._context
-        opened[id(context)] = (context, serial)
+        opened[id(context)] = (context, serial, context_sent)
         return snapshot + (serial,)
 
     def end(self, span: Any) -> tuple:
@@ -187,48 +192,73 @@ class Snapshotter:
             (prompt, t.start_ts, t.prompt_token_count, t.end_ts, _packed_ids(t.completion_ids),
              t.completion_token_count, t.finish_reason, dict(t.server_meta), t.observation_text,
              t.observation_start_ts, t.observation_end_ts)
-            for t, prompt in zip(recorded, _prompt_deltas(recorded))
+            for t, prompt in zip(recorded, _prompts_read(recorded))
         ]
         codec = self._codec_id(data.decode, data.encode) if (data.decode or data.encode) is not None else None
         return (_identity(data), data.completed_at, turns, dict(data.agent_metrics), data.reward_score,
                 data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
 
 
-def _prompt_deltas(turns: List[TurnData]) -> List[Tuple[int, Any]]:
-    """Each turn's prompt as ``(start, tokens)`` (tokens as :func:`_packed_ids`): the
-    previous turn's prompt up to ``start`` (its whole length, or 0) followed by ``tokens``.
+def _prompts_read(turns: List[TurnData]) -> List[Tuple[int, Any]]:
+    """Each turn's prompt as the outputs read it: ``(start, tokens)``, the ids from
+    ``start`` up to the prompt's length at the call (tokens as :func:`_packed_ids`).
 
-    An agent loop's turn ``i`` prompt is nearly always turn ``i - 1``'s plus the completion
-    and observation in between (ToolAgentLoop extends one list in place), so sending every
-    prompt whole would cost the trajectory's turns squared in tokens, copied and pickled
-    here and unpickled in the export process. A prompt is cut at ``prompt_token_count``
-    (its length when the call started), all the outputs read of it."""
+    Turn 0's prompt goes whole; of a later turn only the ids after the previous turn's
+    completion (``prompt_tokens + completion_tokens`` of that turn): the trajectory JSONL
+    reads no earlier ones (its ``template_overhead_text`` slice starts there). Whole
+    prompts would cost the trajectory's turns squared in tokens, copied and pickled here
+    and unpickled in the export process; this is linear in them and compares nothing,
+    whatever the agent loop did to its prompt between turns."""
     out: List[Tuple[int, Any]] = []
-    prev_ids: Any = None
-    prev_end = 0
+    start = 0
     for turn in turns:
         ids, count = turn.prompt_ids, turn.prompt_token_count
         end = len(ids) if count is None else min(count, len(ids))
-        if prev_ids is not None and prev_end <= end and (
-            ids is prev_ids or (type(ids) is list and type(prev_ids) is list
-                                and ids[:prev_end] == (prev_ids if len(prev_ids) == prev_end else prev_ids[:prev_end]))
-        ):
-            out.append((prev_end, _packed_ids(ids[prev_end:end])))
-        else:
-            out.append((0, _packed_ids(ids[:end])))
-        prev_ids, prev_end = ids, end
+        begin = min(start, end)
+        out.append((begin, _packed_ids(ids[begin:end])))
+        start = prompt_tokens(turn) + completion_tokens(turn)
     return out
 
 
-def _prompts(deltas: Sequence[Tuple[int, Any]]) -> List[list]:
-    """:func:`_prompt_deltas` undone."""
-    out: List[list] = []
-    prompt: list = []
-    for start, sent in deltas:
-        tokens = _unpacked_ids(sent)
-        prompt = prompt[:start] + tokens if start else tokens
-        out.append(prompt)
-    return out
+def _prompt(start: int, sent: Any) -> Sequence[int]:
+    """:func:`_prompts_read` undone for one turn."""
+    tokens = _unpacked_ids(sent)
+    return PromptTail(start, tokens) if start else tokens
+
+
+class UnsentTokens(LookupError):
+    """Prompt ids the export process never got (no output reads them)."""
+
+
+class PromptTail(collections.abc.Sequence):
+    """A turn's prompt in the export process when only its ids from ``start`` on crossed:
+    as long as the prompt was; reading an id before ``start`` raises :class:`UnsentTokens`
+    (not IndexError, which would end an iteration as if the prompt were empty)."""
+
+    __slots__ = ("start", "tokens")
+
+    def __init__(self, start: int, tokens: List[int]) -> None:
+        self.start, self.tokens = start, tokens
+
+    def __len__(self) -> int:
+        return self.start + len(self.tokens)
+
+    def __getitem__(self, index: Any) -> Any:
+        start = self.start
+        if isinstance(index, slice):
+            begin, stop, step = index.indices(len(self))
+            if begin < start and begin < stop or step != 1:
+                raise UnsentTokens(f"prompt ids [{begin}:{stop}:{step}] (only [{start}:] were sent)")
+            return self.tokens[begin - start:stop - start]
+        position = index + len(self) if index < 0 else index
+        if position < 0 or position >= len(self):
+            raise IndexError("prompt index out of range")
+        if position < start:
+            raise UnsentTokens(f"prompt id {index} (only [{start}:] were sent)")
+        return self.tokens[position - start]
+
+    def __repr__(self) -> str:
+        return f"PromptTail(start={self.start}, tokens={self.tokens!r})"
 
 
 _IDS = "I"  # token ids as C unsigned ints (4 bytes; both ends are the same Python build)
@@ -343,12 +373,11 @@ class Rebuilder:
         out.completed_at, out.agent_metrics, out.reward_score = completed_at, metrics, score
         out.agent_loop_class, out.run_completed_ns, out.reward_row = loop_class, run_ns, reward_row
         out.decode, out.encode = decode, encode
-        prompts = _prompts([turn[0] for turn in turns])
         out.turns = [
-            TurnData(prompt_ids=p, start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=_unpacked_ids(c),
+            TurnData(prompt_ids=_prompt(*p), start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=_unpacked_ids(c),
                      completion_token_count=cc, finish_reason=fr, server_meta=meta, observation_text=ot,
                      observation_start_ts=os_, observation_end_ts=oe)
-            for p, (_, s, pc, e, c, cc, fr, meta, ot, os_, oe) in zip(prompts, turns)
+            for p, s, pc, e, c, cc, fr, meta, ot, os_, oe in turns
         ]
         return out
 

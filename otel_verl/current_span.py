@@ -1,0 +1,80 @@
+"""The current span, read and made current through OpenTelemetry's runtime context.
+
+With the API's default runtime context (``contextvars_context``, unless
+``OTEL_PYTHON_CONTEXT`` names another) the context lives in one ``ContextVar``; the events
+API reads and sets it there directly, as ``trace.get_current_span`` and
+``context.attach(trace.set_span_in_context(span))`` would, without their layers of calls
+(several spans start per LLM turn in a rollout worker). Any other runtime context goes
+through the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+try:  # API internals: an API release without them takes the API's path
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # pragma: no cover
+    ContextVarsRuntimeContext = _SPAN_KEY = None
+
+
+def _context_var() -> Optional[Any]:
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    if ContextVarsRuntimeContext is not None and type(runtime) is ContextVarsRuntimeContext:
+        return getattr(runtime, "_current_context", None)
+    return None
+
+
+_VAR = _context_var()
+_INVALID = trace.INVALID_SPAN
+_Context = otel_context.Context
+_span_types: set = set()  # the Span classes seen current (a handful)
+
+
+def get() -> Any:
+    """``trace.get_current_span()``."""
+    if _VAR is None:
+        return trace.get_current_span()
+    return _span_or_invalid(_VAR.get().get(_SPAN_KEY))
+
+
+def of(context: Any) -> Any:
+    """``trace.get_current_span(context)``: the span in ``context`` (the current one for ``None``)."""
+    if context is None:
+        return get()
+    if _VAR is None:
+        return trace.get_current_span(context)
+    return _span_or_invalid(context.get(_SPAN_KEY))
+
+
+def _span_or_invalid(span: Any) -> Any:
+    if span is None:
+        return _INVALID
+    kind = type(span)
+    if kind in _span_types:  # (an ABC's isinstance is a Python call)
+        return span
+    if isinstance(span, trace.Span):
+        _span_types.add(kind)
+        return span
+    return _INVALID
+
+
+def make_current(span: Any) -> Any:
+    """``context.attach(trace.set_span_in_context(span))``: the token for :func:`restore`."""
+    if _VAR is None:
+        return otel_context.attach(trace.set_span_in_context(span))
+    values = dict(_VAR.get())
+    values[_SPAN_KEY] = span
+    return _VAR.set(_Context(values))
+
+
+def restore(token: Any) -> None:
+    """``context.detach(token)``; raises where the token belongs to another context."""
+    if _VAR is None:
+        otel_context.detach(token)
+    else:
+        _VAR.reset(token)
