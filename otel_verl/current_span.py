@@ -5,7 +5,8 @@ With the API's default runtime context (``contextvars_context``, unless
 API reads and sets it there directly, as ``trace.get_current_span`` and
 ``context.attach(trace.set_span_in_context(span))`` would, without their layers of calls
 (several spans start per LLM turn in a rollout worker). Any other runtime context goes
-through the API.
+through the API. Which one it is is decided once, at import, as the API itself loads its
+runtime context once (``opentelemetry.context._RUNTIME_CONTEXT``).
 """
 
 from __future__ import annotations
