@@ -55,76 +55,106 @@ TURNS = 4  # LLM turns of the multi-turn loops (bench_seed_comparison.TOOL_TURNS
 CONFIGS = (("via an export process (rollout workers' default)", "1"), ("outputs in the worker process", "0"))
 
 
-def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[str, Any]:
-    import bench_seed_comparison as stand_ins
-    from bench_worker_overhead import _cpu_seconds, _export_process_pids
+class Workload:
+    """The three agent loops on the verl stand-ins, stock or traced (``traced(on)``), run
+    as ``n`` concurrent trajectories of one AgentLoopWorker (``run(agent, on)``)."""
 
-    for key in [k for k in os.environ if k.startswith("OTEL_") or k == "VERL_TRACE_DIR"]:
-        del os.environ[key]
-    os.environ.update({"VERL_TRACE_DIR": os.path.join(work, f"trace-{offload}"), "OTEL_VERL_OTLP_FILE": "0",
-                       "OTEL_VERL_OFFLOAD": offload, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
-    assert stand_ins.TOOL_TURNS == TURNS, "the per-turn slopes assume 4-turn loops"
-    tokenizer, _ = stand_ins.load_tokenizer("model")
-    stand_ins._TOKENIZER = tokenizer
+    def __init__(self, n: int, offload: str, endpoint: str, work: str, tokenizer: str = "model") -> None:
+        import bench_seed_comparison as stand_ins
 
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+        for key in [k for k in os.environ if k.startswith("OTEL_") or k == "VERL_TRACE_DIR"]:
+            del os.environ[key]
+        os.environ.update({"VERL_TRACE_DIR": os.path.join(work, f"trace-{offload}"), "OTEL_VERL_OTLP_FILE": "0",
+                           "OTEL_VERL_OFFLOAD": offload, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        assert stand_ins.TOOL_TURNS == TURNS, "the per-turn slopes assume 4-turn loops"
+        stand_ins._TOKENIZER, _ = stand_ins.load_tokenizer(tokenizer)
 
-    from otel_verl import activation, bootstrap, carriers, health
-    from otel_verl.events import _core
-    from otel_verl.instrumentation import hooks
-    from otel_verl.instrumentation.agent_loop import _agent_run
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    if not bootstrap.configure(role="agent_loop_worker"):
-        raise RuntimeError("otel_verl did not configure")
-    runtime = _core._runtime
+        from otel_verl import activation, bootstrap, carriers
+        from otel_verl.events import _core
+        from otel_verl.instrumentation import hooks
+        from otel_verl.instrumentation.agent_loop import _agent_run
 
-    class FourTurnAgentLoop(stand_ins.ToolAgentLoop):
-        """ToolAgentLoop's turns without its tool calls (an environment's reply instead)."""
+        if not bootstrap.configure(role="agent_loop_worker"):
+            raise RuntimeError("otel_verl did not configure")
+        self._runtime, self._core, self._hooks, self._agent_run = _core._runtime, _core, hooks, _agent_run
+        self.stand_ins, self.n = stand_ins, n
 
-        async def run(self, sampling_params: Dict[str, Any], **kwargs: Any) -> Any:
-            prompt = list(stand_ins.PROMPT_IDS)
-            for _ in range(stand_ins.TOOL_TURNS):
-                out = await self.client.generate(kwargs["request_id"], prompt_ids=prompt, sampling_params=sampling_params)
-                prompt = prompt + out.token_ids + stand_ins.OBSERVATION_IDS
-            return stand_ins.AgentLoopOutput(stand_ins.PROMPT_IDS, prompt[len(stand_ins.PROMPT_IDS):], stand_ins.TOOL_TURNS)
+        class FourTurnAgentLoop(stand_ins.ToolAgentLoop):
+            """ToolAgentLoop's turns without its tool calls (an environment's reply instead)."""
 
-    single_loop = stand_ins.SingleTurnAgentLoop
+            async def run(self, sampling_params: Dict[str, Any], **kwargs: Any) -> Any:
+                prompt = list(stand_ins.PROMPT_IDS)
+                for _ in range(stand_ins.TOOL_TURNS):
+                    out = await self.client.generate(kwargs["request_id"], prompt_ids=prompt, sampling_params=sampling_params)
+                    prompt = prompt + out.token_ids + stand_ins.OBSERVATION_IDS
+                return stand_ins.AgentLoopOutput(stand_ins.PROMPT_IDS, prompt[len(stand_ins.PROMPT_IDS):], stand_ins.TOOL_TURNS)
 
-    def traced(on: bool) -> None:
+        self._four, self._single = FourTurnAgentLoop, stand_ins.SingleTurnAgentLoop
+        self.worker = stand_ins.AgentLoopWorker(0, stand_ins._Config(), stand_ins._TOKENIZER, 8)
+        self.loop = asyncio.new_event_loop()
+        self._trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
+        self._sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": stand_ins.COMPLETION_TOKENS}
+        # Each row's carrier as the traced trainer sends it (its rollout span's context, the
+        # row's traj_uid and worker), pickled; a traced row is unpickled as Ray does (stock
+        # verl has no such column).
+        self._carriers = [pickle.dumps(carriers.TraceCarrier.from_span(NonRecordingSpan(SpanContext(
+            0x1000 + i // 8, 0x2000 + i // 8, False, TraceFlags(TraceFlags.SAMPLED)))).with_row(
+            {"traj_uid": str(i % 8), "worker": 0})) for i in range(n)]
+        self._column = carriers.COLUMN
+        activation._activated_pid = os.getpid()  # a traced worker: carriers need not activate tracing
+
+    def traced(self, on: bool) -> None:
         if on:
-            stand_ins.install_otel_verl()
-            hooks.install_on(FourTurnAgentLoop, "run", _agent_run)
-            _core._install(runtime)
+            self.stand_ins.install_otel_verl()
+            self._hooks.install_on(self._four, "run", self._agent_run)
+            self._core._install(self._runtime)
         else:
-            _core._install(None)
-            hooks.uninstall_all()
+            self._core._install(None)
+            self._hooks.uninstall_all()
 
-    worker = stand_ins.AgentLoopWorker(0, stand_ins._Config(), tokenizer, 8)
-    loop = asyncio.new_event_loop()
-    trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
-    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": stand_ins.COMPLETION_TOKENS}
-
-    # Each row's carrier as the traced trainer sends it (its rollout span's context, the
-    # row's traj_uid and worker), pickled; a traced row is unpickled as Ray does (stock
-    # verl has no such column).
-    carrier_bytes = [pickle.dumps(carriers.TraceCarrier.from_span(NonRecordingSpan(SpanContext(
-        0x1000 + i // 8, 0x2000 + i // 8, False, TraceFlags(TraceFlags.SAMPLED)))).with_row(
-        {"traj_uid": str(i % 8), "worker": 0})) for i in range(n)]
-    activation._activated_pid = os.getpid()  # a traced worker: carriers need not activate tracing
-
-    def row(i: int, on: bool) -> Dict[str, Any]:
+    def _row(self, i: int, on: bool) -> Dict[str, Any]:
         columns = {"uid": f"uid-{i // 8}", "traj_uid": str(i % 8)}
         if on:
-            columns[carriers.COLUMN] = pickle.loads(carrier_bytes[i])
+            columns[self._column] = pickle.loads(self._carriers[i])
         return columns
 
-    async def run(agent: str, on: bool) -> None:
+    def run(self, agent: str, on: bool) -> None:
+        """``n`` trajectories of ``agent`` at once, every output written and exported."""
         # the stand-in worker picks ToolAgentLoop for "tool_agent", the module's single-turn class otherwise
-        stand_ins.SingleTurnAgentLoop = FourTurnAgentLoop if agent == "llm4" else single_loop
+        self.stand_ins.SingleTurnAgentLoop = self._four if agent == "llm4" else self._single
         name = "tool_agent" if agent == "tool4" else "single_turn_agent"
-        await asyncio.gather(*(worker._run_agent_loop(sampling, trajectory, agent_name=name, request_id=f"r{i}",
-                                                      **row(i, on)) for i in range(n)))
+
+        async def trajectories() -> None:
+            await asyncio.gather(*(self.worker._run_agent_loop(self._sampling, self._trajectory, agent_name=name,
+                                                               request_id=f"r{i}", **self._row(i, on))
+                                   for i in range(self.n)))
+
+        self.loop.run_until_complete(trajectories())
+        self.flush()
+        self.worker.client.sent = []
+
+    def flush(self) -> None:
+        from otel_verl import bootstrap
+
+        bootstrap.flush()  # every output written, exported (and the export process's work done)
+
+    def close(self) -> None:
+        from otel_verl import bootstrap
+
+        self.traced(False)
+        bootstrap.shutdown()
+        self.stand_ins.SingleTurnAgentLoop = self._single
+
+
+def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[str, Any]:
+    from bench_worker_overhead import _cpu_seconds, _export_process_pids
+
+    from otel_verl import health
+
+    workload = Workload(n, offload, endpoint, work)
 
     def export_cpu() -> float:
         return sum(_cpu_seconds(pid) for pid in _export_process_pids(os.getpid()))
@@ -132,24 +162,20 @@ def child(n: int, rounds: int, offload: str, endpoint: str, work: str) -> Dict[s
     best: Dict[str, Dict[str, float]] = {}
     for r in range(rounds + 1):  # round 0 warms up
         for on in (False, True):
-            traced(on)
+            workload.traced(on)
             for agent in AGENTS:
                 gc.collect()
-                bootstrap.flush()
+                workload.flush()
                 p0, t0, e0 = time.process_time(), time.thread_time(), export_cpu()
-                loop.run_until_complete(run(agent, on))
-                bootstrap.flush()  # every output written, exported (and the export process's work done)
+                workload.run(agent, on)
                 p1, t1, e1 = time.process_time(), time.thread_time(), export_cpu()
-                worker.client.sent = []
                 if r == 0:
                     continue
                 key = f"{'traced' if on else 'stock'}/{agent}"
                 got = {"process_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6, "export_us": (e1 - e0) / n * 1e6}
                 prev = best.get(key)
                 best[key] = got if prev is None else {k: min(prev[k], got[k]) for k in got}
-    traced(False)
-    bootstrap.shutdown()
-    stand_ins.SingleTurnAgentLoop = single_loop
+    workload.close()
     return {"n": n, "rounds": rounds, "offload": offload, "best": best, "health": health.snapshot()}
 
 

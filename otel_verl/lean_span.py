@@ -47,6 +47,8 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # SDK >= 1.39
 _KNOWN_FLAGS = TraceFlags.SAMPLED | _RANDOM_TRACE_ID
+_MAX_SPAN_ID = (1 << 64) - 1
+_new_context = tuple.__new__  # a SpanContext is a tuple
 # Ending is the one transition two threads may race for (a sample root ended by the
 # trainer thread and by the registry's bound): one lock for all spans, held for a check.
 _END_LOCK = threading.Lock()
@@ -88,7 +90,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._start_time = start_time
         self._end_time = None
         self._attributes = attributes
-        self._events = []
+        self._events = ()  # a list from the first event on (most spans have none)
         self._links = links
         self._resource = tracer.resource
         self._status = _UNSET
@@ -187,15 +189,17 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         if self._end_time is not None:
             logger.warning("Tried calling add_event on an ended span.")
             return
-        limits = self._limits
-        if len(self._events) >= limits.max_events:  # as the SDK: the newest are kept
+        limits, events = self._limits, self._events
+        if type(events) is not list:
+            events = self._events = list(events)
+        if len(events) >= limits.max_events:  # as the SDK: the newest are kept
             self._dropped_events += 1
-            if not self._events:
+            if not events:
                 return
-            del self._events[0]
+            del events[0]
         attributes = BoundedAttributes(limits.max_event_attributes, attributes,
                                        max_value_len=limits.max_attribute_length, immutable=True)
-        self._events.append(Event(name, attributes, timestamp if timestamp is not None else _now_ns()))
+        events.append(Event(name, attributes, timestamp if timestamp is not None else _now_ns()))
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
         if self._end_time is not None or not _valid_link(context, attributes):
@@ -307,7 +311,10 @@ def start(
         flags = parent[3]
         if flags & ~_KNOWN_FLAGS:
             flags = TraceFlags(flags & _KNOWN_FLAGS)
-        span_context = SpanContext(parent[0], ids.generate_span_id(), False, flags, parent[4])
+        span_id = ids.generate_span_id()
+        # SpanContext.__new__'s checks, done here: the parent's trace id is valid, its
+        # flags and trace state are the SDK's types
+        span_context = _new_context(SpanContext, (parent[0], span_id, False, flags, parent[4], 0 < span_id <= _MAX_SPAN_ID))
         return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
     if parent is None or not parent.is_valid:
         parent = None

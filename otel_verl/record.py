@@ -9,10 +9,13 @@ processors in the same process read it; OTLP exporters never see it.
 
 from __future__ import annotations
 
+import collections.abc
 import contextvars
 import weakref
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from otel_verl import lean_span
 from otel_verl.semconv import Kind
@@ -24,7 +27,7 @@ _ATTR = lean_span.RECORD_ATTR
 class TurnData:
     """One LLM generate call of a trajectory, as the JSONL exporter needs it."""
 
-    prompt_ids: Sequence[int]
+    prompt_ids: Sequence[int]  # the events API keeps a PromptTail (see kept_prompt)
     start_ts: float
     # len(prompt_ids) when the call started: agent loops extend their prompt list in
     # place after each turn (ToolAgentLoop: ``prompt_ids += response_ids``).
@@ -33,7 +36,7 @@ class TurnData:
     completion_ids: Sequence[int] = ()
     completion_token_count: Optional[int] = None  # the server's count when it gave one
     finish_reason: str = ""
-    server_meta: Dict[str, float] = field(default_factory=dict)  # sglang/vLLM timing keys
+    server_meta: Mapping[str, float] = field(default_factory=dict)  # sglang/vLLM timing keys
     observation_text: Optional[str] = None
     observation_start_ts: Optional[float] = None
     observation_end_ts: Optional[float] = None
@@ -53,6 +56,86 @@ def completion_tokens(turn: TurnData) -> int:
 
 def _length(ids: Any) -> int:
     return len(ids) if ids is not None else 0  # not `ids or ()`: ids may be a numpy array
+
+
+# --------------------------------------------------------------------------- token ids as kept
+
+IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
+NO_SERVER_META: Mapping[str, float] = MappingProxyType({})  # a turn's until the server reports
+
+
+def kept_ids(ids: Any) -> Sequence[int]:
+    """Token ids as a record keeps them until its trajectory ends: an unsigned-int array.
+
+    The agent loop's list would stay alive with the record, and every young collection
+    of the cyclic GC walks a live list id by id (hundreds of them a turn, a trajectory's
+    turns at a time); an array holds no objects to visit, and pickles as one copy. Ids
+    that are no such ints stay a list."""
+    if type(ids) is array and ids.typecode == IDS_TYPECODE:
+        return ids
+    try:
+        if type(ids) is list:  # (fromlist: a fifth cheaper than the constructor's sequence protocol)
+            kept = array(IDS_TYPECODE)
+            kept.fromlist(ids)
+            return kept
+        return array(IDS_TYPECODE, ids)
+    except (TypeError, ValueError, OverflowError):
+        return list(ids)
+
+
+def token_list(ids: Any) -> Any:
+    """Kept ids as a tokenizer's ``decode`` takes them (a list; other sequences as they are)."""
+    if type(ids) is PromptTail:
+        ids = ids[:]  # UnsentTokens unless it was kept whole
+    return ids.tolist() if type(ids) is array else ids
+
+
+def kept_prompt(prompt_ids: Sequence[int], previous: Optional[TurnData]) -> "PromptTail":
+    """What the outputs read of a turn's prompt, taken at the call: all of the first
+    turn's; of a later one the ids after the previous turn's completion (the trajectory
+    JSONL's ``template_overhead_text`` slice starts there, and reads no earlier one).
+    Whole prompts would hold the trajectory's turns squared in ids. The previous turn
+    counts only once it has returned (a custom loop may have calls overlap): before,
+    its completion's end is unknown and the whole prompt is kept."""
+    start = 0
+    if previous is not None and previous.end_ts:
+        start = min(prompt_tokens(previous) + completion_tokens(previous), len(prompt_ids))
+    return PromptTail(start, kept_ids(prompt_ids[start:] if start else prompt_ids))
+
+
+class UnsentTokens(LookupError):
+    """Prompt ids that were not kept (no output reads them)."""
+
+
+class PromptTail(collections.abc.Sequence):
+    """A turn's prompt of which only the ids from ``start`` on were kept: as long as the
+    prompt was; reading an id before ``start`` raises :class:`UnsentTokens` (not
+    IndexError, which would end an iteration as if the prompt were empty)."""
+
+    __slots__ = ("start", "tokens")
+
+    def __init__(self, start: int, tokens: Sequence[int]) -> None:
+        self.start, self.tokens = start, tokens
+
+    def __len__(self) -> int:
+        return self.start + len(self.tokens)
+
+    def __getitem__(self, index: Any) -> Any:
+        start = self.start
+        if isinstance(index, slice):
+            begin, stop, step = index.indices(len(self))
+            if begin < start and begin < stop or step != 1:
+                raise UnsentTokens(f"prompt ids [{begin}:{stop}:{step}] (only [{start}:] were kept)")
+            return self.tokens[begin - start:stop - start]
+        position = index + len(self) if index < 0 else index
+        if position < 0 or position >= len(self):
+            raise IndexError("prompt index out of range")
+        if position < start:
+            raise UnsentTokens(f"prompt id {index} (only [{start}:] were kept)")
+        return self.tokens[position - start]
+
+    def __repr__(self) -> str:
+        return f"PromptTail(start={self.start}, tokens={self.tokens!r})"
 
 
 @dataclass

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -138,3 +140,21 @@ def test_the_wrapper_benchmark_runs_and_loses_nothing(tmp_path):
         assert set(result["best"]) == {f"{mode}/{agent}" for mode in ("stock", "traced") for agent in ("single", "llm4", "tool4")}
         assert all(math.isfinite(v) for row in result["best"].values() for v in row.values())
     assert "per LLM turn" in proc.stdout and "via an export process" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="valgrind (Debian package) is not installed")
+def test_the_instruction_count_benchmark_counts_the_measured_round(tmp_path):
+    """bench_worker_instructions (callgrind around one measured round), tiny size: every
+    configuration counted, tracing adds instructions to a trajectory and to an LLM turn."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_worker_instructions.py"), "--quick"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counts = dict(re.findall(r"\((\w+, \w+)\): (\d+)k a trajectory", proc.stdout))
+    assert set(counts) == {f"{agent}, {mode}" for agent in ("single", "llm4") for mode in ("stock", "traced")}
+    assert all(int(v) > 0 for v in counts.values())
+    added = dict(re.findall(r"per (single-turn trajectory|extra LLM turn): +(-?\d+)k", proc.stdout))
+    assert int(added["single-turn trajectory"]) > 0 and int(added["extra LLM turn"]) > 0, proc.stdout

@@ -58,9 +58,13 @@ class _ToolLoop:
 
 @pytest.mark.parametrize("how", ["bound method", "unbound, self in args", "plain function wrapper on an instance"])
 def test_one_argument_is_read_as_bound_would_bind_it(how):
-    """``_args.arg`` (the rollout worker's wrappers read one or two arguments) against
-    ``_args.bound`` for every way verl passes them and wrapt hands them over."""
-    from otel_verl.instrumentation._args import arg, bound
+    """``_args.arg`` and ``_args.ArgReader`` (the rollout worker's wrappers read a few
+    arguments) against ``_args.bound`` for every way verl passes them and wrapt hands them
+    over; one reader goes from function to function and call style to call style."""
+    from otel_verl.instrumentation._args import ArgReader, arg, bound
+
+    names = ("tool_call", "tools_kwargs", "agent_data", "request_id", "prompt_ids", "sampling_params")
+    reader = ArgReader(names)
 
     loop = _ToolLoop()
     calls = [((("tc", {"k": 1}, "data"), {}), "_call_tool"), ((("tc",), {"tools_kwargs": {}, "agent_data": "data"}), "_call_tool"),
@@ -74,8 +78,9 @@ def test_one_argument_is_read_as_bound_would_bind_it(how):
         else:
             wrapped, instance = getattr(_ToolLoop, name), loop
         _, values = bound(wrapped, instance, args, kwargs)
-        for param in ("tool_call", "tools_kwargs", "agent_data", "request_id", "prompt_ids", "sampling_params"):
+        for param in names:
             assert arg(wrapped, instance, args, kwargs, param, "absent") == values.get(param, "absent"), (how, name, param)
+        assert reader(wrapped, instance, args, kwargs) == tuple(values.get(param) for param in names), (how, name)
 
 
 class _Target:

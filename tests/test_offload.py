@@ -147,21 +147,25 @@ def test_spans_after_the_export_process_died_are_counted_not_raised(pipelines):
 def test_spans_beyond_max_pending_are_counted(pipelines):
     p = pipelines()
     assert p.provider.force_flush()
-    p.offload._max_pending = 0  # the export process never keeps up
+    p.offload._max_entries = 0  # the export process never keeps up
     fault_workload.emit(1, UIDS[:1], 2)
-    p.offload._max_pending = 1 << 16
+    p.offload._max_entries = 2 << 16
     dropped = health.snapshot()["dropped"]
     # every span of the step: the sample roots, its stages, each trajectory's spans
     assert dropped.get("offload", 0) >= 2 * 4, dropped
 
 
-def _multi_turn(prompt_shapes: str) -> "TrajectoryData":
-    """A finished 4-turn trajectory whose prompts are built the ways agent loops build them."""
+def _multi_turn(prompt_shapes: str) -> "tuple[TrajectoryData, list]":
+    """A finished 4-turn trajectory whose prompts are built the ways agent loops build
+    them, and each turn's whole prompt at the call."""
+    from otel_verl.record import kept_ids, kept_prompt
+
     data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
                           completed_at=9.0, decode=lambda ids, **kw: ",".join(map(str, ids)),
                           encode=lambda text, **kw: list(range(len(text.split()))))
     shared = list(range(100, 120))  # ToolAgentLoop: one list, extended in place after each turn
     prompt = list(range(100, 120))
+    wholes = []
     for i in range(4):
         completion, observation = [200 + i] * 3, f"tool output {i}"
         if prompt_shapes == "extended in place":
@@ -171,17 +175,22 @@ def _multi_turn(prompt_shapes: str) -> "TrajectoryData":
         elif prompt_shapes == "history rewritten":  # a custom loop that drops its oldest turn
             ids = list(prompt[3 * i:]) + [7] * i
             count = len(ids)
+        elif prompt_shapes == "kept at the call":  # as the events API records them
+            ids, count = kept_prompt(prompt, data.turns[-1] if data.turns else None), len(prompt)
+            completion = kept_ids(completion)
         else:  # tuples: no prefix check, sent whole
             ids, count = tuple(prompt), None
+        wholes.append(list(ids[:count] if count is not None else ids) if prompt_shapes != "kept at the call" else list(prompt))
         data.turns.append(TurnData(prompt_ids=ids, start_ts=2.0 + i, prompt_token_count=count, end_ts=2.5 + i,
                                    completion_ids=completion, finish_reason="stop", observation_text=observation,
                                    observation_start_ts=2.5 + i, observation_end_ts=2.6 + i))
         for extended in (shared, prompt):
-            extended += completion + [300 + i, 301 + i]  # completion, then observation and template tokens
-    return data
+            extended += list(completion) + [300 + i, 301 + i]  # completion, then observation and template tokens
+    return data, wholes
 
 
-@pytest.mark.parametrize("prompt_shapes", ["extended in place", "new list each turn", "history rewritten", "tuples"])
+@pytest.mark.parametrize("prompt_shapes",
+                         ["extended in place", "new list each turn", "history rewritten", "tuples", "kept at the call"])
 def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(prompt_shapes):
     """Turn 0's prompt goes whole, a later turn's from the end of the previous completion
     on (what the JSONL reads of it): the export process's JSONL line is the line the
@@ -190,8 +199,9 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
 
     from otel_verl.exporters.trajectory_jsonl import trajectory_line
     from otel_verl.offload import wire
+    from otel_verl.record import UnsentTokens
 
-    data = _multi_turn(prompt_shapes)
+    data, wholes = _multi_turn(prompt_shapes)
     codecs = {}
 
     def codec_id(decode, encode):
@@ -209,18 +219,16 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     else:
         assert sent == 20  # each later prompt ends where the previous completion would: nothing read
     previous_end = 0  # where the previous turn's completion ended: prompt count + 3 completion ids
-    for turn, original in zip(rebuilt.turns, data.turns):
-        count = original.prompt_token_count
-        whole = list(original.prompt_ids[:count] if count is not None else original.prompt_ids)
+    for turn, whole in zip(rebuilt.turns, wholes):
         start = min(previous_end, len(whole))
         assert len(turn.prompt_ids) == len(whole)
         assert list(turn.prompt_ids[start:]) == whole[start:]
         if start:
-            with pytest.raises(wire.UnsentTokens):
+            with pytest.raises(UnsentTokens):
                 turn.prompt_ids[start - 1]
             with pytest.raises(IndexError):
                 turn.prompt_ids[-len(whole) - 1]
-            with pytest.raises(wire.UnsentTokens):
+            with pytest.raises(UnsentTokens):
                 list(turn.prompt_ids)
         previous_end = len(whole) + 3
 
@@ -236,8 +244,9 @@ def _sdk_spans(processor):
 @pytest.mark.parametrize("max_open", [16, 0])
 def test_an_end_after_its_start_goes_as_what_changed_and_rebuilds_whole(max_open):
     """A span whose start went over ends as ``END_OF`` its serial (no name, ids, parent,
-    kind, start or scope again); the export process rebuilds the same span. Beyond
-    ``max_open`` started spans the end goes whole."""
+    kind, start or scope again), and a child's start names that parent by its serial;
+    the export process rebuilds the same spans. Beyond ``max_open`` started spans the end
+    goes whole and a parent as its ids."""
     import pickle
 
     from opentelemetry.sdk.trace import SpanProcessor
@@ -263,9 +272,11 @@ def test_an_end_after_its_start_goes_as_what_changed_and_rebuilds_whole(max_open
             child.set_status(StatusCode.ERROR, "boom")
     assert [s[0] for s in sent] == ([wire.START] * 2 + [wire.END_OF] * 2 if max_open else
                                     [wire.START] * 2 + [wire.END] * 2)
+    assert sent[1][3] == (sent[0][9] if max_open else wire._context(ended[1].context))  # the child's parent
     rebuild = wire.Rebuilder(wire.HostConfig(settings=None, resource_attributes={}, resource_schema_url="", pid=1))
     rebuilt = [rebuild.span(s) for s in pickle.loads(pickle.dumps(sent))]
     assert [what for what, _ in rebuilt] == [wire.START, wire.START, wire.END, wire.END]
+    assert rebuilt[1][1].parent == ended[1].context  # the child's start, rebuilt
     for (_, got), want in zip(rebuilt[2:], ended):
         assert (got.name, got.context, got.parent, got.kind, got.start_time, got.end_time) == (
             want.name, want.context, want.parent, want.kind, want.start_time, want.end_time)

@@ -334,6 +334,63 @@ def test_prompt_list_extended_in_place_keeps_each_turns_count(clock, traj_dir):
     assert t["raw_message"]["initial_prompt_text"] == PROMPT0
 
 
+def test_a_turn_record_holds_none_of_the_agent_loops_id_lists(clock, traj_dir):
+    """The events API keeps a turn's ids as arrays (the cyclic GC visits no id in them),
+    and of a later prompt only the ids after the previous completion (what the JSONL reads)."""
+    import gc
+    from array import array
+
+    from otel_verl.record import PromptTail, TurnData, UnsentTokens
+
+    proc, trace_dir, _ = traj_dir
+    tok = CharTokenizer()
+    prompt0, completion0 = tok.ids(PROMPT0), tok.ids(COMPLETION0)
+    prompt1 = prompt0 + completion0 + tok.ids(TOOL_PREFIX + OBSERVATION + TOOL_SUFFIX)
+    with events.trajectory(UID, "0", step=1, agent_name="tool_agent", decode=tok.decode, encode=tok.encode):
+        for prompt, completion in ((prompt0, completion0), (prompt1, tok.ids(COMPLETION1))):
+            with events.llm_call(prompt) as turn:
+                turn.finish(completion, stop_reason="stop")
+        records = events.current_trajectory().turns
+        for ids in (prompt0, completion0, prompt1):
+            assert not [r for r in gc.get_referrers(ids) if isinstance(r, (TurnData, PromptTail))]
+        for record in records:
+            assert type(record.prompt_ids) is PromptTail and type(record.completion_ids) is array
+            for kept in (record.prompt_ids.tokens, record.completion_ids):  # no id for the GC to visit
+                assert not [x for x in gc.get_referents(kept) if isinstance(x, int)]
+        first, second = (record.prompt_ids for record in records)
+        assert (first.start, list(first.tokens)) == (0, prompt0)
+        end0 = len(prompt0) + len(completion0)
+        assert (second.start, list(second.tokens), len(second)) == (end0, prompt1[end0:], len(prompt1))
+        with pytest.raises(UnsentTokens):
+            second[end0 - 1]
+    proc.force_flush()
+    [t] = read_trajectories(trace_dir)
+    turn0, turn1 = t["raw_message"]["turns"]
+    assert t["raw_message"]["initial_prompt_text"] == PROMPT0
+    assert (turn0["completion_text"], turn1["completion_text"]) == (COMPLETION0, COMPLETION1)
+    assert turn1["template_overhead_text"] == TOOL_PREFIX + OBSERVATION + TOOL_SUFFIX
+
+
+def test_a_call_made_before_the_previous_one_returned_keeps_its_whole_prompt(clock, traj_dir):
+    """Overlapping calls (a custom loop's): where the previous completion ends is not
+    known yet, so the later call keeps its whole prompt and the JSONL still reads it."""
+    proc, trace_dir, _ = traj_dir
+    tok = CharTokenizer()
+    prompt0, completion0 = tok.ids(PROMPT0), tok.ids(COMPLETION0)
+    prompt1 = prompt0 + completion0 + tok.ids(TOOL_SUFFIX)
+    with events.trajectory(UID, "0", step=1, agent_name="a", decode=tok.decode, encode=tok.encode):
+        with events.llm_call(prompt0) as first:
+            with events.llm_call(prompt1) as second:
+                second.finish(tok.ids(COMPLETION1), stop_reason="stop")
+            first.finish(completion0, stop_reason="stop")
+        assert events.current_trajectory().turns[1].prompt_ids.start == 0
+    proc.force_flush()
+    [t] = read_trajectories(trace_dir)
+    turn0, turn1 = t["raw_message"]["turns"]
+    assert turn1["template_overhead_text"] == TOOL_SUFFIX
+    assert (turn0["completion_text"], turn1["completion_text"]) == (COMPLETION0, COMPLETION1)
+
+
 def test_observation_messages_are_joined_with_newlines(clock, traj_dir):
     proc, trace_dir, _ = traj_dir
     tok = CharTokenizer()

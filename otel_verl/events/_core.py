@@ -33,6 +33,7 @@ class _Runtime:
         self.settings = settings
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.samples = _SampleRegistry(settings.max_open_samples)
+        self.capture_content = bool(getattr(settings, "capture_content", False))
         # decided once: the events API starts a few spans per LLM turn
         self.lean_spans = lean_span.supports(tracer)
 
@@ -71,7 +72,7 @@ def _is_number(value: Any) -> bool:
 def _capturing_content() -> bool:
     """Message content goes on spans only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT opts in."""
     rt = _runtime
-    return rt is not None and bool(getattr(rt.settings, "capture_content", False))
+    return rt is not None and rt.capture_content
 
 
 def _content(value: Any) -> str:

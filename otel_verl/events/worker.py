@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import time
 from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
 
@@ -12,7 +13,7 @@ from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_str
-from otel_verl.record import TrajectoryData, TurnData, start_span
+from otel_verl.record import NO_SERVER_META, TrajectoryData, TurnData, kept_ids, kept_prompt, start_span, token_list
 from otel_verl.lean_span import set_trusted, set_trusted_many
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
@@ -36,13 +37,15 @@ _current_turn: contextvars.ContextVar[Optional["Turn"]] = contextvars.ContextVar
 
 
 class _Trajectory:
-    __slots__ = ("span", "data", "agent_loop_class", "worker_index")
+    __slots__ = ("span", "data", "agent_loop_class", "worker_index", "sample_attributes")
 
-    def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int]) -> None:
+    def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
+                 sample_attributes: Dict[str, Any]) -> None:
         self.span = span
         self.data = data
         self.agent_loop_class: Optional[str] = None
         self.worker_index = worker_index
+        self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
 
 
 def _active_traj() -> Optional[_Trajectory]:
@@ -93,13 +96,12 @@ def trajectory(
             decode=decode,
             encode=encode,
         )
+        sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
         attrs = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
             sc.GEN_AI_AGENT_NAME: agent_name,
             sc.GEN_AI_CONVERSATION_ID: f"{uid_s}/{traj_s}",
-            sc.UID: uid_s,
-            sc.TRAJ_UID: traj_s,
-            sc.GLOBAL_STEP: int(step),
+            **sample_attributes,
         }
         if worker_index is not None:
             attrs[sc.WORKER_INDEX] = int(worker_index)
@@ -107,7 +109,7 @@ def trajectory(
             attrs[sc.VALIDATE] = True
         span = start_span(rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, lean=rt.lean_spans,
                           context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs)
-        return _TrajectoryScope(_Trajectory(span, data, worker_index))
+        return _TrajectoryScope(_Trajectory(span, data, worker_index, sample_attributes))
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
         return _UNTRACED
@@ -185,13 +187,16 @@ def trajectory_score(score: Any) -> None:
 class Turn:
     """What :func:`llm_call` yields: the caller reports the response through it."""
 
-    __slots__ = ("span", "data", "_carrier", "_decode")
+    __slots__ = ("span", "data", "_carrier", "_decode", "_prompt")
 
-    def __init__(self, span: Any, data: Optional[TurnData], decode: Any = None) -> None:
+    def __init__(self, span: Any, data: Optional[TurnData], decode: Any = None, prompt: Any = None) -> None:
         self.span = span
         self.data = data
         self._carrier: Optional[Dict[str, str]] = None
-        self._decode = decode  # the tokenizer's decode, only when content capture is on
+        # only when content capture is on: the tokenizer's decode and the whole prompt
+        # (the record keeps the part the outputs read)
+        self._decode = decode
+        self._prompt = prompt
 
     def carrier(self) -> Dict[str, str]:
         """W3C headers of this turn's span, for the server side (``traceparent``...)."""
@@ -213,23 +218,24 @@ class Turn:
             return
         try:  # (not @health.guarded: one call frame less per LLM turn)
             data.end_ts = time.time()
-            data.completion_ids = completion_ids if completion_ids is not None else ()
+            kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
             data.completion_token_count = output_tokens
-            data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+            reason = data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+            attrs: Dict[str, Any] = {
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
+            if reason:
+                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(reason),)
             if server_meta:
-                data.server_meta.update(server_meta)
-            span = self.span
-            count = output_tokens if output_tokens is not None else len(data.completion_ids)
-            attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
-            if data.finish_reason:
-                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(data.finish_reason),)
-            for key, value in data.server_meta.items():
-                vtype = type(value)  # (the usual types first, without a call)
-                if vtype is float or vtype is int or _is_number(value):  # as the server kept them
-                    attrs[sc.llm_server_meta_attribute(key)] = value
-            set_trusted_many(span, attrs)
+                meta = data.server_meta = {**data.server_meta, **server_meta}
+                if _NUMBER_TYPES.issuperset(map(type, meta.values())):  # the usual case, in C
+                    attrs.update(zip(map(sc.llm_server_meta_attribute, meta), meta.values()))
+                else:
+                    for key, value in meta.items():
+                        if _is_number(value):  # as the server kept them
+                            attrs[sc.llm_server_meta_attribute(key)] = value
+            set_trusted_many(self.span, attrs)
             if self._decode is not None:
-                self._capture_content(span, data)
+                self._capture_content(self.span, data)
         except Exception as exc:
             health.record_failure("worker.Turn.finish", exc)
 
@@ -237,9 +243,9 @@ class Turn:
         """Opt-in content: the decoded prompt and completion as GenAI messages."""
         try:
             count = data.prompt_token_count
-            prompt_ids = data.prompt_ids[:count] if count is not None else data.prompt_ids
+            prompt_ids = self._prompt[:count] if count is not None else self._prompt
             prompt = self._decode(prompt_ids, skip_special_tokens=False)
-            completion = self._decode(data.completion_ids, skip_special_tokens=False)
+            completion = self._decode(token_list(data.completion_ids), skip_special_tokens=False)
         except Exception as exc:
             health.record_failure("events.capture_content", exc)
             return
@@ -247,6 +253,7 @@ class Turn:
         set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
 
 
+_NUMBER_TYPES = frozenset((float, int))
 _NULL_TURN = Turn(None, None)
 _UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
 
@@ -267,19 +274,19 @@ def llm_call(
     if traj is None:
         return _UNTRACED_TURN
     try:
-        data = TurnData(prompt_ids=prompt_ids, start_ts=time.time(), prompt_token_count=len(prompt_ids))
-        operation, model = _text(operation), _text(model) if model else None
+        turns = traj.data.turns
+        data = TurnData(prompt_ids=kept_prompt(prompt_ids, turns[-1] if turns else None), start_ts=time.time(),
+                        prompt_token_count=len(prompt_ids), server_meta=NO_SERVER_META)
+        try:
+            name, model_attributes = _model_call(operation, provider, model)
+        except TypeError:  # an unhashable argument
+            name, model_attributes = _model_call.__wrapped__(operation, provider, model)
         attrs: Dict[str, Any] = {
-            sc.GEN_AI_OPERATION_NAME: operation,
-            sc.GEN_AI_PROVIDER_NAME: _text(provider),
+            **model_attributes,
             sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
-            sc.UID: traj.data.uid,
-            sc.TRAJ_UID: traj.data.traj_uid,
-            sc.GLOBAL_STEP: traj.data.global_step,
+            **traj.sample_attributes,
             sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
         }
-        if model:
-            attrs[sc.GEN_AI_REQUEST_MODEL] = model
         if request_id:
             attrs[sc.LLM_REQUEST_ID] = _text(request_id)
         if max_tokens is not None:
@@ -291,11 +298,23 @@ def llm_call(
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
         return _UNTRACED_TURN
-    span = _start_guarded(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
+    span = _start_guarded(name, Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
     if span is None:
         return _UNTRACED_TURN
-    traj.data.turns.append(data)
-    return _TurnScope(span, Turn(span, data, traj.data.decode if _capturing_content() else None), traj.data)
+    turns.append(data)
+    turn = Turn(span, data, traj.data.decode, prompt_ids) if _capturing_content() else Turn(span, data)
+    return _TurnScope(span, turn, traj.data)
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _model_call(operation: Any, provider: Any, model: Any) -> "tuple[str, Dict[str, Any]]":
+    """The span name and the attributes of a model's calls that never change, bounded
+    once (a worker calls one model, turn after turn)."""
+    operation, model = _text(operation), _text(model) if model else None
+    attrs = {sc.GEN_AI_OPERATION_NAME: operation, sc.GEN_AI_PROVIDER_NAME: _text(provider)}
+    if model:
+        attrs[sc.GEN_AI_REQUEST_MODEL] = model
+    return sc.llm_span_name(operation, model), attrs  # (copied into each call's attributes, never changed)
 
 
 class _TurnScope(SpanScope):
@@ -353,9 +372,7 @@ def tool_call(
             sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
             sc.GEN_AI_TOOL_NAME: name,
             sc.GEN_AI_TOOL_TYPE: _text(tool_type),
-            sc.UID: traj.data.uid,
-            sc.TRAJ_UID: traj.data.traj_uid,
-            sc.GLOBAL_STEP: traj.data.global_step,
+            **traj.sample_attributes,
         }
         if call_id:
             attrs[sc.GEN_AI_TOOL_CALL_ID] = _text(call_id)
@@ -396,7 +413,7 @@ def reward() -> ContextManager[RewardHandle]:
         sc.SPAN_REWARD,
         Kind.REWARD,
         None,
-        {sc.UID: traj.data.uid, sc.TRAJ_UID: traj.data.traj_uid, sc.GLOBAL_STEP: traj.data.global_step},
+        dict(traj.sample_attributes),
         data=traj.data,
     )
     return _RewardScope(span, RewardHandle(span, traj))

@@ -34,7 +34,7 @@ from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, output_pid
 from otel_verl.exporters.sample_csv import write_discovery_file
 from otel_verl.ids import sample_index
-from otel_verl.record import TrajectoryData, TurnData, completion_tokens, prompt_tokens, record_of
+from otel_verl.record import TrajectoryData, TurnData, completion_tokens, prompt_tokens, record_of, token_list
 from otel_verl.semconv import Kind
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
@@ -272,8 +272,8 @@ def _decode(decode: _Decode, ids: Any) -> Optional[str]:
     if decode is None or ids is None:
         return None
     try:
-        return decode(ids, skip_special_tokens=False)
-    except Exception as exc:
+        return decode(token_list(ids), skip_special_tokens=False)
+    except Exception as exc:  # UnsentTokens too: a prompt id that was not kept
         health.record_failure(f"{_OUTPUT}.decode", exc)
         return None
 

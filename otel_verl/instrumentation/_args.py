@@ -68,17 +68,41 @@ def arg(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwarg
     return args[index] if 0 <= index < len(args) else default
 
 
-def args_named(wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-               names: Tuple[str, ...]) -> Tuple[Any, ...]:
-    """:func:`arg` of each of ``names`` (``None`` for one not passed), in one call."""
-    values = []
-    for name in names:
-        value = kwargs.get(name, _MISSING)
-        if value is _MISSING:
-            index = _index(wrapped, instance, name) if args else -1
-            value = args[index] if 0 <= index < len(args) else None
-        values.append(value)
-    return tuple(values)
+class ArgReader:
+    """Reads the arguments ``names`` of a wrapped function's calls, as :func:`arg` finds
+    each (``None`` for one not passed), in one call: the names of the positional
+    parameters are looked up once per wrapped function, not per call (the LLM client
+    reads three arguments of every turn)."""
+
+    __slots__ = ("names", "_learned")
+
+    def __init__(self, names: Tuple[str, ...]) -> None:
+        self.names = names
+        # ((function, unbound?), names of the parameters args holds): one object
+        self._learned: Tuple[Any, Tuple[str, ...]] = (None, ())
+
+    def __call__(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> Tuple[Any, ...]:
+        if not args:  # all by keyword
+            return tuple(map(kwargs.get, self.names))
+        key = (getattr(wrapped, "__func__", wrapped), instance is None)  # a bound method's function
+        learned = self._learned
+        if learned[0] != key:
+            learned = self._learned = (key, _positional_names(wrapped, instance))
+        values = dict(zip(learned[1], args))
+        values.update(kwargs)
+        return tuple(map(values.get, self.names))
+
+
+def _positional_names(wrapped: Callable[..., Any], instance: Any) -> Tuple[str, ...]:
+    """The parameters a wrapped call's positional ``args`` fill, in order (see :func:`_index`)."""
+    target = getattr(wrapped, "__wrapped__", wrapped)
+    func = getattr(target, "__func__", None)
+    positions, has_self = _positions(func if func is not None else target)
+    names = tuple(sorted(positions, key=positions.__getitem__))
+    if has_self and (func is not None or instance is not None):
+        names = names[1:]  # self is bound, or came as the instance: not in args
+    return names
 
 
 def _index(wrapped: Callable[..., Any], instance: Any, name: str) -> int:

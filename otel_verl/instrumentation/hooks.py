@@ -10,8 +10,10 @@ only for the verl modules it uses. :func:`status` lists what was installed or sk
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import operator
 import sys
 import threading
 from dataclasses import dataclass
@@ -64,8 +66,9 @@ STARTS = "starts"  # may switch tracing on in its process: skipped once the sett
 ALWAYS = "always"  # moves carriers out of verl's data or installs more hooks: always runs
 
 
-def _reports_enabled() -> bool:
-    return _events_core._runtime is not None
+# The events runtime, read in C (wrapt calls ``enabled`` before each wrapped call; a
+# Python function would add a frame): a runtime object is true, None is false.
+_reports_enabled = functools.partial(operator.attrgetter("_runtime"), _events_core)
 
 
 def _starts_enabled() -> bool:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation._args import args_named
+from otel_verl.instrumentation._args import ArgReader
 from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
@@ -20,7 +20,7 @@ COMPONENT = "llm_client"
 
 
 _MODEL_CACHE_ATTR = "_otel_verl_model_provider"
-_GENERATE_ARGS = ("sampling_params", "prompt_ids", "request_id")
+_generate_args = ArgReader(("sampling_params", "prompt_ids", "request_id"))
 
 
 def _model_and_provider(client: Any) -> "tuple[str | None, str]":
@@ -45,7 +45,7 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        params, prompt_ids, request_id = args_named(wrapped, instance, args, kwargs, _GENERATE_ARGS)
+        params, prompt_ids, request_id = _generate_args(wrapped, instance, args, kwargs)
         params = params or {}
         model, provider = _model_and_provider(instance)
         call = events.llm_call(

@@ -34,7 +34,8 @@ from otel_verl.semconv import Kind
 logger = logging.getLogger("otel_verl")
 
 OUTPUT = "offload"  # the health counters' name for spans the export process never got
-_FLUSH = object()  # a flush marker in the span deque
+# what an entry of the span deque is followed by: a started span, an ended span, a flush's number
+_STARTED, _ENDED, _FLUSH = object(), object(), object()
 HOST_ENV = "OTEL_VERL_OFFLOAD_HOST"  # set in the export process (it must not trace itself)
 
 
@@ -55,39 +56,44 @@ class OffloadSpanProcessor(SpanProcessor):
         start_timeout_s: float = 60.0,
     ) -> None:
         self._config = config
-        self._max_pending = max_pending
+        self._max_entries = 2 * max_pending  # two deque entries a span (see on_start)
         self._interval = batch_interval_s
         self._max_batch = max_batch
+        self._batch_entries = 2 * max_batch
         self._start_timeout = start_timeout_s
         self._start()
         _live.add(self)
 
     # ------------------------------------------------------------------ span processor (any thread)
 
+    # The deque holds (what, item) as two entries, not a tuple: a tuple per start and end
+    # would live until the sender takes it, and the cyclic GC runs more often the more
+    # young objects are alive (each young collection walks the agent loop's live lists).
+
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         pending = self._pending
-        if len(pending) < self._max_pending and self._alive:
-            pending.append((wire.START, span))
+        if len(pending) < self._max_entries and self._alive:
+            pending.extend((_STARTED, span))  # one C call: the pair is never split
         else:
-            self._refused(wire.START, span)
+            self._refused(_STARTED, span)
 
     def on_end(self, span: Any) -> None:
         pending = self._pending
-        if len(pending) < self._max_pending and self._alive:
-            pending.append((wire.END, span))
+        if len(pending) < self._max_entries and self._alive:
+            pending.extend((_ENDED, span))
             # is_set() first: Event.set() takes the event's lock and wakes the sender,
             # a GIL hand-over per span while a batch is waiting
-            if len(pending) >= self._max_batch and not self._wake.is_set():
+            if len(pending) >= self._batch_entries and not self._wake.is_set():
                 self._wake.set()
         else:
-            self._refused(wire.END, span)
+            self._refused(_ENDED, span)
 
-    def _refused(self, what: int, span: Any) -> None:
+    def _refused(self, what: object, span: Any) -> None:
         if self._forked:  # first span of a forked child that traces: its own export process
             self._forked = False
             self._start()
             if self._alive:
-                self._pending.append((what, span))
+                self._pending.extend((what, span))
                 return
         self._lost(1, "the export process is not keeping up" if self._alive else self._why_dead)
 
@@ -98,7 +104,7 @@ class OffloadSpanProcessor(SpanProcessor):
         with self._replies:
             self._flush_seq += 1
             seq = self._flush_seq
-        self._pending.append((_FLUSH, seq))
+        self._pending.extend((_FLUSH, seq))
         self._wake.set()
         deadline = time.monotonic() + timeout_millis / 1000.0
         with self._replies:
@@ -183,17 +189,21 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def _send_pending(self) -> None:
         pending, snapshots = self._pending, self._snapshots
+        popleft = pending.popleft
         while pending and self._alive:
             batch, flushes = [], []
-            while pending and len(batch) < self._max_batch:
-                what, item = pending.popleft()
-                if what is _FLUSH:
-                    flushes.append(item)
-                    break  # spans queued after a flush marker go in the next frame
-                try:
-                    batch.append(snapshots.start(item) if what == wire.START else snapshots.end(item))
-                except Exception as exc:
-                    health.record_failure("offload.snapshot", exc)
+            try:
+                while pending and len(batch) < self._max_batch:
+                    what, item = popleft(), popleft()
+                    if what is _FLUSH:
+                        flushes.append(item)
+                        break  # spans queued after a flush marker go in the next frame
+                    try:
+                        batch.append(snapshots.start(item) if what is _STARTED else snapshots.end(item))
+                    except Exception as exc:
+                        health.record_failure("offload.snapshot", exc)
+            except IndexError:  # emptied by _dead() meanwhile
+                pass
             self._write(batch, flushes)
 
     def _write(self, batch: List[tuple], flushes: List[int]) -> None:
@@ -276,8 +286,9 @@ class OffloadSpanProcessor(SpanProcessor):
         self._alive = False
         self._why_dead = why
         pending = self._pending
-        lost = sum(1 for what, _ in list(pending) if what is not _FLUSH)
+        entries = list(pending)
         pending.clear()
+        lost = sum(1 for entry in entries if entry is _STARTED or entry is _ENDED)
         self._lost(lost, why)
 
     def _lost(self, count: int, why: str) -> None:

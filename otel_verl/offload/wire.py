@@ -9,7 +9,8 @@ same otel_verl in the same Python environment). Messages, as tuples:
 - ``("forget_codec", codec_id)``: no later trajectory names it (the sender keeps a few);
 - ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened. A
   span whose start went over ends with what changed only (``END_OF`` the start's serial
-  number): its name, ids, parent, kind, start time and scope are the start's;
+  number): its name, ids, parent, kind, start time and scope are the start's; a start
+  names a parent whose start went over (still open) by that serial number;
 - ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
   everything sent before it has been written and exported.
 
@@ -24,7 +25,6 @@ its identity only (uid, traj_uid, step, agent, trainer API, n).
 
 from __future__ import annotations
 
-import collections.abc
 import pickle
 import struct
 from array import array
@@ -37,7 +37,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_verl.lean_span import RECORD_ATTR
-from otel_verl.record import SpanRecord, TrajectoryData, TurnData, completion_tokens, prompt_tokens
+from otel_verl.record import (IDS_TYPECODE, PromptTail, SpanRecord, TrajectoryData, TurnData, completion_tokens, kept_ids,
+                              prompt_tokens)
 from otel_verl.semconv import Kind
 
 START, END, END_OF = 0, 1, 2  # END_OF: the end of a span whose START carried a serial number
@@ -118,11 +119,11 @@ class Snapshotter:
     def __init__(self, codec_id: Callable[[Any, Any], int], max_open: int = MAX_OPEN) -> None:
         self._codec_id = codec_id
         self._scopes: Dict[int, tuple] = {}  # id(scope) -> (scope, its tuple): one tuple object, pickled once a batch
-        # id(context) -> (context, serial, its tuple) of the spans whose START went out and END not yet
+        # id(context) -> (context, serial) of the spans whose START went out and END not yet
         # (by SpanContext: an SDK span ends as a copy sharing it). The context is held, so
         # its id is not reused meanwhile. Bounded: beyond ``max_open`` (spans that never
         # end) a start gets no serial and its end goes whole.
-        self._open: Dict[int, Tuple[Any, int, tuple]] = {}
+        self._open: Dict[int, Tuple[Any, int]] = {}
         self._max_open = max_open
         self._serial = 0
 
@@ -134,20 +135,18 @@ class Snapshotter:
             if type(data) is TrajectoryData:
                 sent = (record.kind._value_, _IDENTITY, _identity(data))
             else:
-                sent = (record.kind._value_, _AS_IS, None if type(data) is TurnData else data)
+                sent = _record_as_is(record.kind, data)
         opened, context, parent = self._open, span._context, span._parent
-        context_sent = _context(context)
-        # a parent that is a started span here (a chat span's trajectory): its tuple again,
-        # which the batch's pickle then writes as a reference
+        # a parent that is a started span here (a chat span's trajectory): named by its serial
         parent_open = opened.get(id(parent)) if parent is not None else None
-        parent_sent = parent_open[2] if parent_open is not None and parent_open[0] is parent else _context(parent)
-        snapshot = (START, span._name, context_sent, parent_sent, span._kind._value_,
-                    span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
+        parent_sent = parent_open[1] if parent_open is not None and parent_open[0] is parent else _context(parent)
+        start = (START, span._name, _context(context), parent_sent, span._kind._value_,
+                 span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
         if len(opened) >= self._max_open:
-            return snapshot + (None,)
+            return start + (None,)
         serial = self._serial = self._serial + 1
-        opened[id(context)] = (context, serial, context_sent)
-        return snapshot + (serial,)
+        opened[id(context)] = (context, serial)
+        return start + (serial,)
 
     def end(self, span: Any) -> tuple:
         context = span._context
@@ -159,8 +158,7 @@ class Snapshotter:
             if type(data) is TrajectoryData:
                 sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is Kind.TRAJECTORY else (kind._value_, _AS_IS, None)
             else:
-                # a trainer-side record is complete when its span ends; a turn's goes with its trajectory
-                sent = (kind._value_, _AS_IS, None if type(data) is TurnData else data)
+                sent = _record_as_is(kind, data)
         attributes, events, links, status = span._attributes, span._events, span._links, span._status
         dropped = None
         if type(attributes) is not dict or events or links:
@@ -199,23 +197,40 @@ class Snapshotter:
                 data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
 
 
+def _record_as_is(kind: Kind, data: Any) -> tuple:
+    """A record that travels as it is; a turn's data goes with its trajectory (and a
+    trainer-side record is complete when its span ends)."""
+    if data is None or type(data) is TurnData:
+        return _DATALESS[kind]  # one tuple a kind: the batch's pickle writes it once
+    return (kind._value_, _AS_IS, data)
+
+
+_DATALESS = {kind: (kind._value_, _AS_IS, None) for kind in Kind}
+
+
 def _prompts_read(turns: List[TurnData]) -> List[Tuple[int, Any]]:
     """Each turn's prompt as the outputs read it: ``(start, tokens)``, the ids from
     ``start`` up to the prompt's length at the call (tokens as :func:`_packed_ids`).
 
-    Turn 0's prompt goes whole; of a later turn only the ids after the previous turn's
-    completion (``prompt_tokens + completion_tokens`` of that turn): the trajectory JSONL
-    reads no earlier ones (its ``template_overhead_text`` slice starts there). Whole
-    prompts would cost the trajectory's turns squared in tokens, copied and pickled here
-    and unpickled in the export process; this is linear in them and compares nothing,
-    whatever the agent loop did to its prompt between turns."""
+    The events API kept that much at the call already (a
+    :class:`~otel_verl.record.PromptTail`: all of turn 0's prompt, of a later turn the ids
+    after the previous turn's completion), and it goes as kept. A prompt that is a
+    plain sequence (a record made elsewhere) is cut the same way here: the trajectory
+    JSONL reads no id before the previous completion's end (``prompt_tokens +
+    completion_tokens`` of that turn; its ``template_overhead_text`` slice starts there).
+    Whole prompts would cost the trajectory's turns squared in tokens, copied and
+    pickled here and unpickled in the export process; this is linear in them and
+    compares nothing, whatever the agent loop did to its prompt between turns."""
     out: List[Tuple[int, Any]] = []
     start = 0
     for turn in turns:
         ids, count = turn.prompt_ids, turn.prompt_token_count
-        end = len(ids) if count is None else min(count, len(ids))
-        begin = min(start, end)
-        out.append((begin, _packed_ids(ids[begin:end])))
+        if type(ids) is PromptTail and (count is None or count == len(ids)):
+            out.append((ids.start, _packed_ids(ids.tokens)))
+        else:
+            end = len(ids) if count is None else min(count, len(ids))
+            begin = min(start, end)
+            out.append((begin, _packed_ids(ids[begin:end])))
         start = prompt_tokens(turn) + completion_tokens(turn)
     return out
 
@@ -226,59 +241,19 @@ def _prompt(start: int, sent: Any) -> Sequence[int]:
     return PromptTail(start, tokens) if start else tokens
 
 
-class UnsentTokens(LookupError):
-    """Prompt ids the export process never got (no output reads them)."""
-
-
-class PromptTail(collections.abc.Sequence):
-    """A turn's prompt in the export process when only its ids from ``start`` on crossed:
-    as long as the prompt was; reading an id before ``start`` raises :class:`UnsentTokens`
-    (not IndexError, which would end an iteration as if the prompt were empty)."""
-
-    __slots__ = ("start", "tokens")
-
-    def __init__(self, start: int, tokens: List[int]) -> None:
-        self.start, self.tokens = start, tokens
-
-    def __len__(self) -> int:
-        return self.start + len(self.tokens)
-
-    def __getitem__(self, index: Any) -> Any:
-        start = self.start
-        if isinstance(index, slice):
-            begin, stop, step = index.indices(len(self))
-            if begin < start and begin < stop or step != 1:
-                raise UnsentTokens(f"prompt ids [{begin}:{stop}:{step}] (only [{start}:] were sent)")
-            return self.tokens[begin - start:stop - start]
-        position = index + len(self) if index < 0 else index
-        if position < 0 or position >= len(self):
-            raise IndexError("prompt index out of range")
-        if position < start:
-            raise UnsentTokens(f"prompt id {index} (only [{start}:] were sent)")
-        return self.tokens[position - start]
-
-    def __repr__(self) -> str:
-        return f"PromptTail(start={self.start}, tokens={self.tokens!r})"
-
-
-_IDS = "I"  # token ids as C unsigned ints (4 bytes; both ends are the same Python build)
-
-
 def _packed_ids(ids: Any) -> Any:
-    """Token ids as the bytes of an unsigned-int array: pickled as one copy, where a list
-    pickles int by int (several times the cost, for the hundreds of ids of every turn).
-    Ids that are no such ints (negative, too large, not ints) go as a list."""
-    try:
-        return array(_IDS, ids).tobytes()
-    except (TypeError, ValueError, OverflowError):
-        return list(ids)
+    """Token ids as the bytes of an unsigned-int array (:func:`~otel_verl.record.kept_ids`,
+    both ends are the same Python build): pickled as one copy, where a list pickles int
+    by int. Ids that are no such ints (negative, too large, not ints) go as a list."""
+    kept = kept_ids(ids)
+    return kept.tobytes() if type(kept) is array else kept
 
 
 def _unpacked_ids(sent: Any) -> list:
     """:func:`_packed_ids` undone."""
     if type(sent) is not bytes:
         return sent
-    ids = array(_IDS)
+    ids = array(IDS_TYPECODE)
     ids.frombytes(sent)
     return ids.tolist()
 
@@ -327,7 +302,9 @@ class Rebuilder:
             what = END
         else:
             name, ctx, parent_ctx, kind_value, start, attributes, scope_key, record = snapshot[1:9]
-            context, parent, kind = _span_context(ctx), _span_context(parent_ctx), SpanKind(kind_value)
+            context, kind = _span_context(ctx), SpanKind(kind_value)
+            # a started parent comes as its serial
+            parent = self._open[parent_ctx][1] if type(parent_ctx) is int else _span_context(parent_ctx)
             scope = self._scope(scope_key)
             if what == END:
                 end_time, events, links, status, dropped = snapshot[9:]
