@@ -99,7 +99,7 @@ def _positional_names(wrapped: Callable[..., Any], instance: Any) -> Tuple[str, 
     target = getattr(wrapped, "__wrapped__", wrapped)
     func = getattr(target, "__func__", None)
     positions, has_self = _positions(func if func is not None else target)
-    names = tuple(sorted(positions, key=positions.__getitem__))
+    names = tuple(positions)  # in parameter order
     if has_self and (func is not None or instance is not None):
         names = names[1:]  # self is bound, or came as the instance: not in args
     return names
