@@ -24,6 +24,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_verl import activation as _activation  # (imported once: carriers are unpickled row by row)
+
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
 META_KEY = "otel_traceparent"  # DataProto meta_info key (one carrier for the whole batch)
 DICT_KEY = "__otel_tp"  # reserved key inside an existing dict argument (e.g. sampling_params)
@@ -72,8 +74,6 @@ def _restore(
 ) -> TraceCarrier:
     if activation is not None:
         try:
-            from otel_verl import activation as _activation
-
             _activation.activate_from_carrier(activation)
         except Exception:  # never let unpickling fail because of tracing
             pass

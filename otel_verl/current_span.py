@@ -33,6 +33,7 @@ def _context_var() -> Optional[Any]:
 _VAR = _context_var()
 _INVALID = trace.INVALID_SPAN
 _Context = otel_context.Context
+_set_item = dict.__setitem__
 _span_types: set = set()  # the Span classes seen current (a handful)
 
 
@@ -68,9 +69,11 @@ def make_current(span: Any) -> Any:
     """``context.attach(trace.set_span_in_context(span))``: the token for :func:`restore`."""
     if _VAR is None:
         return otel_context.attach(trace.set_span_in_context(span))
-    values = dict(_VAR.get())
-    values[_SPAN_KEY] = span
-    return _VAR.set(_Context(values))
+    # the new Context made once (not a dict, then the Context copied from it): it is set
+    # through dict's own __setitem__, which Context refuses to its users
+    context = _Context(_VAR.get())
+    _set_item(context, _SPAN_KEY, span)
+    return _VAR.set(context)
 
 
 def restore(token: Any) -> None:

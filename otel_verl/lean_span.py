@@ -41,7 +41,7 @@ from otel_verl import current_span
 
 logger = logging.getLogger("otel_verl")
 
-RECORD_ATTR = "_otel_verl_record"  # where a span carries its record (otel_verl.record)
+RECORD_ATTR = "_otel_verl_record"  # where a span carries its record (otel_verl.record; LeanSpan sets it by name)
 _UNSET = Status(StatusCode.UNSET)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -99,7 +99,7 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         self._dropped_events = 0
         self._dropped_links = dropped_links
         self._attributes_view: Optional[Mapping[str, Any]] = None
-        setattr(self, RECORD_ATTR, record)
+        self._otel_verl_record = record  # (RECORD_ATTR)
 
     @property
     def attributes(self) -> Mapping[str, Any]:

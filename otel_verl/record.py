@@ -15,7 +15,7 @@ import weakref
 from array import array
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from otel_verl import lean_span
 from otel_verl.semconv import Kind
@@ -27,7 +27,7 @@ _ATTR = lean_span.RECORD_ATTR
 class TurnData:
     """One LLM generate call of a trajectory, as the JSONL exporter needs it."""
 
-    prompt_ids: Sequence[int]  # the events API keeps a PromptTail (see kept_prompt)
+    prompt_ids: Sequence[int]  # the events API keeps an array or a PromptTail (see kept_prompt)
     start_ts: float
     # len(prompt_ids) when the call started: agent loops extend their prompt list in
     # place after each turn (ToolAgentLoop: ``prompt_ids += response_ids``).
@@ -40,6 +40,14 @@ class TurnData:
     observation_text: Optional[str] = None
     observation_start_ts: Optional[float] = None
     observation_end_ts: Optional[float] = None
+
+    # A turn's data is its LLM span's record (see start_span): one object less a turn for
+    # the cyclic GC to count, as long as the span waits to be sent.
+    kind: ClassVar[Kind] = Kind.LLM_CALL
+
+    @property
+    def data(self) -> "TurnData":
+        return self
 
 
 def prompt_tokens(turn: TurnData) -> int:
@@ -90,7 +98,7 @@ def token_list(ids: Any) -> Any:
     return ids.tolist() if type(ids) is array else ids
 
 
-def kept_prompt(prompt_ids: Sequence[int], previous: Optional[TurnData]) -> "PromptTail":
+def kept_prompt(prompt_ids: Sequence[int], previous: Optional[TurnData]) -> Sequence[int]:
     """What the outputs read of a turn's prompt, taken at the call: all of the first
     turn's; of a later one the ids after the previous turn's completion (the trajectory
     JSONL's ``template_overhead_text`` slice starts there, and reads no earlier one).
@@ -100,7 +108,9 @@ def kept_prompt(prompt_ids: Sequence[int], previous: Optional[TurnData]) -> "Pro
     start = 0
     if previous is not None and previous.end_ts:
         start = min(prompt_tokens(previous) + completion_tokens(previous), len(prompt_ids))
-    return PromptTail(start, kept_ids(prompt_ids[start:] if start else prompt_ids))
+    if not start:  # the whole prompt: its ids as they are kept (no PromptTail to count)
+        return kept_ids(prompt_ids)
+    return PromptTail(start, kept_ids(prompt_ids[start:]))
 
 
 class UnsentTokens(LookupError):
@@ -165,6 +175,12 @@ class TrajectoryData:
     decode: Optional[Callable[..., str]] = None
     encode: Optional[Callable[..., List[int]]] = None
 
+    kind: ClassVar[Kind] = Kind.TRAJECTORY  # the trajectory span's record (as TurnData's)
+
+    @property
+    def data(self) -> "TrajectoryData":
+        return self
+
 
 @dataclass
 class RolloutData:
@@ -194,7 +210,8 @@ def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, l
     """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on: a
     :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it (``lean``: the
     caller's :func:`~otel_verl.lean_span.supports` decision, when it has one)."""
-    record = SpanRecord(record_kind, data)
+    # a turn's or a trajectory's data is its own span's record (no SpanRecord per span)
+    record = data if type(data) in _OWN_RECORDS and data.kind is record_kind else SpanRecord(record_kind, data)
     if lean if lean is not None else lean_span.supports(tracer):
         return lean_span.start(tracer, name, record, **kwargs)
     token = _starting.set((name, record))
@@ -204,6 +221,9 @@ def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, l
         _starting.reset(token)
     _bind(span, record)
     return span
+
+
+_OWN_RECORDS = frozenset((TurnData, TrajectoryData))
 
 
 def attach(span: Any, kind: Kind, data: Any = None) -> None:

@@ -213,6 +213,7 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         super().__init__()
         self._on_start: Tuple[Tuple[Any, Any], ...] = ()
         self._on_end: Tuple[Tuple[Any, Any], ...] = ()
+        self._sole_on_end: Optional[SpanProcessor] = None
         self._on_ending_processors: Tuple[Any, ...] = ()
         self.calls_on_ending = False
 
@@ -221,6 +222,9 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         processors = self._span_processors
         self._on_start = _routes(processors, "on_start_kinds")
         self._on_end = _routes(processors, "on_end_kinds")
+        # one processor that reads every ending span (a rollout worker's export process):
+        # no record to look up per span
+        self._sole_on_end = self._on_end[0][0] if len(self._on_end) == 1 and self._on_end[0][1] is None else None
         self._on_ending_processors = tuple(
             sp for sp in processors if getattr(type(sp), "_on_ending", None) is not SpanProcessor._on_ending
         )
@@ -244,6 +248,13 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
                 _processor_failed(sp, "on_ending", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
+        sole = self._sole_on_end
+        if sole is not None:
+            try:
+                sole.on_end(span)
+            except Exception as exc:
+                _processor_failed(sole, "on_end", exc)
+            return
         record = getattr(span, RECORD_ATTR, None)
         kind = record.kind if record is not None else _record_kind(span)
         for sp, kinds in self._on_end:

@@ -321,6 +321,33 @@ def test_processors_see_only_the_kinds_they_ask_for():
     provider.shutdown()
 
 
+def test_a_sole_processor_of_every_ending_span_is_isolated_too(monkeypatch):
+    """One processor that reads every ending span (a rollout worker's export process) is
+    called without the per-span kind lookup; its exception is still counted, not raised."""
+    from otel_verl import health
+
+    monkeypatch.setattr(health, "_failures", health.Counter())
+
+    class RaisingAtEnd(Counting):
+        def on_end(self, span):
+            super().on_end(span)
+            raise RuntimeError("on_end")
+
+    sole = RaisingAtEnd()
+    processor = IsolatingSpanProcessor()
+    provider = TracerProvider(active_span_processor=processor)
+    provider.add_span_processor(sole)
+    assert processor._sole_on_end is sole
+    tracer = provider.get_tracer("otel_verl")
+    start_span(tracer, "chat", Kind.LLM_CALL).end()
+    tracer.start_span("foreign").end()
+    assert sole.seen == [("start", "chat"), ("end", "chat"), ("start", "foreign"), ("end", "foreign")]
+    assert health.snapshot()["failures"] == {"span_processor.RaisingAtEnd.on_end": 2}
+    provider.add_span_processor(Counting(ends=frozenset({Kind.TRAJECTORY})))  # a second route: no sole one
+    assert processor._sole_on_end is None
+    provider.shutdown()
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["default runtime context", "another runtime context"])
 def test_the_current_span_is_read_and_set_as_the_api_does(direct, monkeypatch):
     """otel_verl.current_span on the default runtime context's ContextVar, or through the

@@ -155,6 +155,76 @@ def test_spans_beyond_max_pending_are_counted(pipelines):
     assert dropped.get("offload", 0) >= 2 * 4, dropped
 
 
+def test_the_sender_sends_what_was_pending_when_it_woke():
+    """Spans the agent loop ends while a batch is taken wait for the next full batch or
+    wake-up: drained until empty, the sender wrote a frame every few spans."""
+    from collections import deque
+
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    from otel_verl.offload import forwarder, wire
+
+    def ended(i: int) -> ReadableSpan:
+        return ReadableSpan(f"s{i}", context=SpanContext(1, i + 1, False), attributes={}, start_time=i, end_time=i + 1)
+
+    sender = object.__new__(OffloadSpanProcessor)  # no export process: only its sending rule
+    sender._pending, sender._alive, sender._max_batch = deque(), True, 2
+    sender._snapshots = wire.Snapshotter(lambda decode, encode: 0)
+    frames = []
+
+    def encode(batch, flushes):
+        frames.append([snapshot[1] for snapshot in batch])
+        sender._pending.extend((forwarder._ENDED, ended(100 + len(frames))))  # meanwhile, on the event loop
+
+    sender._encode = encode
+    for i in range(5):
+        sender._pending.extend((forwarder._ENDED, ended(i)))
+    sender._take_pending()
+    assert frames == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+    assert [sender._pending[i]._name for i in range(1, len(sender._pending), 2)] == ["s101", "s102", "s103"]
+
+
+def test_the_span_that_fills_a_batch_has_it_pickled_on_its_thread_without_waiting():
+    """The event loop's span that fills a batch has it made into frames there (the
+    sender thread only writes them); it never waits: with the sender taking a batch, or
+    frames left unwritten by a slow export process, the spans stay pending for the sender."""
+    import io
+    import threading
+    from collections import deque
+
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.trace import SpanContext
+
+    from otel_verl.offload import forwarder, wire
+
+    def ended(i: int) -> ReadableSpan:
+        return ReadableSpan(f"s{i}", context=SpanContext(1, i + 1, False), attributes={}, start_time=i, end_time=i + 1)
+
+    sender = object.__new__(OffloadSpanProcessor)  # no export process, no sender thread
+    sender._pending, sender._outbox, sender._alive = deque(), deque(), True
+    sender._batch_lock, sender._wake = threading.Lock(), threading.Event()
+    sender._max_batch, sender._batch_entries, sender._max_entries = 2, 4, 1000
+    sender._snapshots, sender._unsent_codecs, sender._forgotten_codecs = wire.Snapshotter(lambda d, e: 0), [], []
+
+    sender.on_end(ended(0))
+    assert not sender._outbox and not sender._wake.is_set()
+    sender.on_end(ended(1))  # fills the batch
+    assert not sender._pending and sender._wake.is_set()
+    [(data, spans)] = sender._outbox
+    kind, batch = wire.read_frame(io.BytesIO(data))
+    assert (kind, [snapshot[1] for snapshot in batch], spans) == ("spans", ["s0", "s1"], 2)
+
+    sender._wake.clear()
+    with sender._batch_lock:  # the sender thread is taking a batch
+        sender.on_end(ended(2))
+        sender.on_end(ended(3))
+    assert len(sender._pending) == 4 and len(sender._outbox) == 1 and sender._wake.is_set()
+    sender._outbox.extend([(b"", 0)] * forwarder._MAX_UNWRITTEN_FRAMES)  # the export process is slow
+    sender.on_end(ended(4))
+    assert len(sender._pending) == 6
+
+
 def _multi_turn(prompt_shapes: str) -> "tuple[TrajectoryData, list]":
     """A finished 4-turn trajectory whose prompts are built the ways agent loops build
     them, and each turn's whole prompt at the call."""

@@ -353,12 +353,12 @@ def test_a_turn_record_holds_none_of_the_agent_loops_id_lists(clock, traj_dir):
         records = events.current_trajectory().turns
         for ids in (prompt0, completion0, prompt1):
             assert not [r for r in gc.get_referrers(ids) if isinstance(r, (TurnData, PromptTail))]
-        for record in records:
-            assert type(record.prompt_ids) is PromptTail and type(record.completion_ids) is array
-            for kept in (record.prompt_ids.tokens, record.completion_ids):  # no id for the GC to visit
-                assert not [x for x in gc.get_referents(kept) if isinstance(x, int)]
         first, second = (record.prompt_ids for record in records)
-        assert (first.start, list(first.tokens)) == (0, prompt0)
+        assert type(first) is array and type(second) is PromptTail  # a whole prompt is kept as its array
+        for kept in (first, second.tokens, *(record.completion_ids for record in records)):
+            assert type(kept) is array
+            assert not [x for x in gc.get_referents(kept) if isinstance(x, int)]  # no id for the GC to visit
+        assert list(first) == prompt0
         end0 = len(prompt0) + len(completion0)
         assert (second.start, list(second.tokens), len(second)) == (end0, prompt1[end0:], len(prompt1))
         with pytest.raises(UnsentTokens):
@@ -383,7 +383,7 @@ def test_a_call_made_before_the_previous_one_returned_keeps_its_whole_prompt(clo
             with events.llm_call(prompt1) as second:
                 second.finish(tok.ids(COMPLETION1), stop_reason="stop")
             first.finish(completion0, stop_reason="stop")
-        assert events.current_trajectory().turns[1].prompt_ids.start == 0
+        assert list(events.current_trajectory().turns[1].prompt_ids) == prompt1  # whole
     proc.force_flush()
     [t] = read_trajectories(trace_dir)
     turn0, turn1 = t["raw_message"]["turns"]

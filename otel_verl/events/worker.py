@@ -212,7 +212,8 @@ class Turn:
         output_tokens: Optional[int] = None,
         server_meta: Optional[Mapping[str, Any]] = None,
     ) -> None:
-        """The call's response (never raises: a failure is counted)."""
+        """The call's response (never raises: a failure is counted). A ``server_meta``
+        dict is taken over, not copied: the caller does not change it afterwards."""
         data = self.data
         if data is None:
             return
@@ -224,9 +225,12 @@ class Turn:
             attrs: Dict[str, Any] = {
                 sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
             if reason:
-                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(reason),)
+                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = _finish_reasons(reason)
             if server_meta:
-                meta = data.server_meta = {**data.server_meta, **server_meta}
+                old = data.server_meta
+                # taken over as the first report (see the docs); a later one merges into a copy
+                meta = data.server_meta = server_meta if old is NO_SERVER_META and type(server_meta) is dict else {
+                    **old, **server_meta}
                 if _NUMBER_TYPES.issuperset(map(type, meta.values())):  # the usual case, in C
                     attrs.update(zip(map(sc.llm_server_meta_attribute, meta), meta.values()))
                 else:
@@ -251,6 +255,13 @@ class Turn:
             return
         set_trusted(span, sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
         set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
+
+
+@functools.lru_cache(maxsize=64)
+def _finish_reasons(reason: str) -> "tuple[str]":
+    """The span's finish reasons of a call that stopped for ``reason``: one tuple per
+    reason, shared by the calls (the span keeps its attribute until it is sent)."""
+    return (_text(reason),)
 
 
 _NUMBER_TYPES = frozenset((float, int))

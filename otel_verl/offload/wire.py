@@ -15,7 +15,9 @@ same otel_verl in the same Python environment). Messages, as tuples:
   everything sent before it has been written and exported.
 
 A snapshot holds plain values only (tuples, dicts, lists, bytes, str, int, float), so pickling
-never runs Python code that could let the agent loop's thread change a value half-way.
+never runs Python code that could let the agent loop's thread change a value half-way. A
+start holds its span's own attribute dict, not a copy: it goes as it is when its batch is
+pickled (set meanwhile, an attribute shows at the start too; the end has them all anyway).
 
 Record data that belongs to a trajectory still running (an LLM call's ``TurnData``, the
 reward span's ``TrajectoryData``) is not sent with those spans: no output reads it there,
@@ -63,12 +65,17 @@ class HostConfig:
 # --------------------------------------------------------------------------- frames
 
 
-def write_frame(out: BinaryIO, message: Any) -> int:
+def frame(message: Any) -> bytes:
+    """One message as the bytes of its frame (header and pickle)."""
     body = pickle.dumps(message, PICKLE_PROTOCOL)
-    out.write(_HEADER.pack(len(body)))
-    out.write(body)
+    return _HEADER.pack(len(body)) + body
+
+
+def write_frame(out: BinaryIO, message: Any) -> int:
+    data = frame(message)
+    out.write(data)
     out.flush()
-    return len(body)
+    return len(data) - _HEADER.size
 
 
 def read_frame(source: BinaryIO) -> Any:
@@ -131,7 +138,8 @@ class Snapshotter:
         record = getattr(span, RECORD_ATTR, None)
         sent = None
         if record is not None:
-            data = record.data
+            # (a turn's and a trajectory's data are their spans' records: no property call)
+            data = record if type(record) in _OWN_RECORDS else record.data
             if type(data) is TrajectoryData:
                 sent = (record.kind._value_, _IDENTITY, _identity(data))
             else:
@@ -140,13 +148,17 @@ class Snapshotter:
         # a parent that is a started span here (a chat span's trajectory): named by its serial
         parent_open = opened.get(id(parent)) if parent is not None else None
         parent_sent = parent_open[1] if parent_open is not None and parent_open[0] is parent else _context(parent)
-        start = (START, span._name, _context(context), parent_sent, span._kind._value_,
-                 span._start_time, dict(span._attributes), self._scope(span._instrumentation_scope), sent)
-        if len(opened) >= self._max_open:
-            return start + (None,)
-        serial = self._serial = self._serial + 1
-        opened[id(context)] = (context, serial)
-        return start + (serial,)
+        if len(opened) < self._max_open:
+            serial = self._serial = self._serial + 1
+            opened[id(context)] = (context, serial)
+        else:
+            serial = None
+        # The attributes as they are when the batch is pickled (on this thread, in one C
+        # call): a copy per start would be one more object a span for the cyclic GC to count.
+        attributes = span._attributes
+        return (START, span._name, _context(context), parent_sent, span._kind._value_, span._start_time,
+                attributes if type(attributes) is dict else dict(attributes), self._scope(span._instrumentation_scope),
+                sent, serial)
 
     def end(self, span: Any) -> tuple:
         context = span._context
@@ -154,7 +166,7 @@ class Snapshotter:
         record = getattr(span, RECORD_ATTR, None)
         sent = None
         if record is not None:
-            kind, data = record.kind, record.data
+            kind, data = record.kind, record if type(record) in _OWN_RECORDS else record.data
             if type(data) is TrajectoryData:
                 sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is Kind.TRAJECTORY else (kind._value_, _AS_IS, None)
             else:
@@ -164,17 +176,13 @@ class Snapshotter:
         if type(attributes) is not dict or events or links:
             dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
             attributes = dict(attributes)
-        ending = (
-            span._end_time,
-            [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None,
-            [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None,
-            None if status._status_code is StatusCode.UNSET else (status._status_code._value_, status._description),
-            dropped,
-        )
+        events = [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None
+        links = [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None
+        status = None if status._status_code is StatusCode.UNSET else (status._status_code._value_, status._description)
         if opened is not None and opened[0] is context:
-            return (END_OF, opened[1], attributes, sent) + ending
+            return (END_OF, opened[1], attributes, sent, span._end_time, events, links, status, dropped)
         return (END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
-                attributes, self._scope(span._instrumentation_scope), sent) + ending
+                attributes, self._scope(span._instrumentation_scope), sent, span._end_time, events, links, status, dropped)
 
     def _scope(self, scope: Any) -> Optional[tuple]:
         if scope is None:
@@ -206,6 +214,7 @@ def _record_as_is(kind: Kind, data: Any) -> tuple:
 
 
 _DATALESS = {kind: (kind._value_, _AS_IS, None) for kind in Kind}
+_OWN_RECORDS = frozenset((TurnData, TrajectoryData))
 
 
 def _prompts_read(turns: List[TurnData]) -> List[Tuple[int, Any]]:
