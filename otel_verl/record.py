@@ -211,7 +211,7 @@ def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, l
     :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it (``lean``: the
     caller's :func:`~otel_verl.lean_span.supports` decision, when it has one)."""
     # a turn's or a trajectory's data is its own span's record (no SpanRecord per span)
-    record = data if type(data) in _OWN_RECORDS and data.kind is record_kind else SpanRecord(record_kind, data)
+    record = data if type(data) in OWN_RECORD_TYPES and data.kind is record_kind else SpanRecord(record_kind, data)
     if lean if lean is not None else lean_span.supports(tracer):
         return lean_span.start(tracer, name, record, **kwargs)
     token = _starting.set((name, record))
@@ -223,7 +223,7 @@ def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, l
     return span
 
 
-_OWN_RECORDS = frozenset((TurnData, TrajectoryData))
+OWN_RECORD_TYPES = frozenset((TurnData, TrajectoryData))  # data that is its own span's record
 
 
 def attach(span: Any, kind: Kind, data: Any = None) -> None:

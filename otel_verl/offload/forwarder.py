@@ -227,22 +227,19 @@ class OffloadSpanProcessor(SpanProcessor):
         the agent loop's thread add a few more."""
         pending, snapshots = self._pending, self._snapshots
         popleft = pending.popleft
-        left = len(pending) // 2
-        while left > 0 and pending and self._alive:
+        left = len(pending) // 2  # (only this lock's holder takes entries; _dead() takes it too)
+        while left > 0 and self._alive:
             batch, flushes = [], []
-            try:
-                while left > 0 and len(batch) < self._max_batch:
-                    what, item = popleft(), popleft()
-                    left -= 1
-                    if what is _FLUSH:
-                        flushes.append(item)
-                        break  # spans queued after a flush marker go in the next frame
-                    try:
-                        batch.append(snapshots.start(item) if what is _STARTED else snapshots.end(item))
-                    except Exception as exc:
-                        health.record_failure("offload.snapshot", exc)
-            except IndexError:  # emptied by _dead() meanwhile
-                pass
+            while left > 0 and len(batch) < self._max_batch:
+                what, item = popleft(), popleft()
+                left -= 1
+                if what is _FLUSH:
+                    flushes.append(item)
+                    break  # spans queued after a flush marker go in the next frame
+                try:
+                    batch.append(snapshots.start(item) if what is _STARTED else snapshots.end(item))
+                except Exception as exc:
+                    health.record_failure("offload.snapshot", exc)
             self._encode(batch, flushes)
 
     def _encode(self, batch: List[tuple], flushes: List[int]) -> None:
@@ -334,7 +331,7 @@ class OffloadSpanProcessor(SpanProcessor):
     def _dead(self, why: str) -> None:
         self._alive = False
         self._why_dead = why
-        with self._batch_lock:  # (never held by a caller: a batch being made goes in the count)
+        with self._batch_lock:  # (no caller holds it) a batch being taken finishes first: its frames are counted
             pending = self._pending
             entries = list(pending)
             pending.clear()

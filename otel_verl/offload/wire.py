@@ -39,7 +39,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_verl.lean_span import RECORD_ATTR
-from otel_verl.record import (IDS_TYPECODE, PromptTail, SpanRecord, TrajectoryData, TurnData, completion_tokens, kept_ids,
+from otel_verl.record import (IDS_TYPECODE, OWN_RECORD_TYPES, PromptTail, SpanRecord, TrajectoryData, TurnData, completion_tokens, kept_ids,
                               prompt_tokens)
 from otel_verl.semconv import Kind
 
@@ -139,7 +139,7 @@ class Snapshotter:
         sent = None
         if record is not None:
             # (a turn's and a trajectory's data are their spans' records: no property call)
-            data = record if type(record) in _OWN_RECORDS else record.data
+            data = record if type(record) in OWN_RECORD_TYPES else record.data
             if type(data) is TrajectoryData:
                 sent = (record.kind._value_, _IDENTITY, _identity(data))
             else:
@@ -166,7 +166,7 @@ class Snapshotter:
         record = getattr(span, RECORD_ATTR, None)
         sent = None
         if record is not None:
-            kind, data = record.kind, record if type(record) in _OWN_RECORDS else record.data
+            kind, data = record.kind, record if type(record) in OWN_RECORD_TYPES else record.data
             if type(data) is TrajectoryData:
                 sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is Kind.TRAJECTORY else (kind._value_, _AS_IS, None)
             else:
@@ -214,7 +214,6 @@ def _record_as_is(kind: Kind, data: Any) -> tuple:
 
 
 _DATALESS = {kind: (kind._value_, _AS_IS, None) for kind in Kind}
-_OWN_RECORDS = frozenset((TurnData, TrajectoryData))
 
 
 def _prompts_read(turns: List[TurnData]) -> List[Tuple[int, Any]]:
