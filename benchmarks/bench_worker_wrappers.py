@@ -14,8 +14,9 @@ stand-ins of ``bench_seed_comparison`` (verl 0.9.1's signatures; the LLM server 
 at once with 256 completion tokens and sglang's timing keys). Three agent loops, their
 trajectories run concurrently on one event loop as in an AgentLoopWorker: single-turn;
 4 LLM turns; 4 LLM turns with a tool call and its observation between them
-(ToolAgentLoop's shape). A traced row carries the trainer's carrier (unpickled, as
-Ray hands it over), as in a job whose trainer is traced too.
+(ToolAgentLoop's shape). A traced row carries the trainer's carrier, as in a job
+whose trainer is traced too: the worker's chunk of the column is unpickled once a round,
+as Ray hands it over (one pickle: the carriers' class is resolved once).
 
 Each round runs every agent loop twice in the same process: stock (no wrapper installed,
 ``hooks.uninstall_all``) and traced (wrappers installed, legacy files + OTLP/HTTP to a
@@ -98,11 +99,12 @@ class Workload:
         self._trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
         self._sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": stand_ins.COMPLETION_TOKENS}
         # Each row's carrier as the traced trainer sends it (its rollout span's context, the
-        # row's traj_uid and worker), pickled; a traced row is unpickled as Ray does (stock
-        # verl has no such column).
-        self._carriers = [pickle.dumps(carriers.TraceCarrier.from_span(NonRecordingSpan(SpanContext(
+        # row's traj_uid and worker): the worker's chunk of the column, pickled as one (Ray
+        # hands the worker its chunk in one pickle); a traced round unpickles it, as Ray
+        # does (stock verl has no such column).
+        self._carriers = pickle.dumps([carriers.TraceCarrier.from_span(NonRecordingSpan(SpanContext(
             0x1000 + i // 8, 0x2000 + i // 8, False, TraceFlags(TraceFlags.SAMPLED)))).with_row(
-            {"traj_uid": str(i % 8), "worker": 0})) for i in range(n)]
+            {"traj_uid": str(i % 8), "worker": 0}) for i in range(n)])
         self._column = carriers.COLUMN
         activation._activated_pid = os.getpid()  # a traced worker: carriers need not activate tracing
 
@@ -115,10 +117,10 @@ class Workload:
             self._core._install(None)
             self._hooks.uninstall_all()
 
-    def _row(self, i: int, on: bool) -> Dict[str, Any]:
+    def _row(self, i: int, chunk: Optional[List[Any]]) -> Dict[str, Any]:
         columns = {"uid": f"uid-{i // 8}", "traj_uid": str(i % 8)}
-        if on:
-            columns[self._column] = pickle.loads(self._carriers[i])
+        if chunk is not None:
+            columns[self._column] = chunk[i]
         return columns
 
     def run(self, agent: str, on: bool) -> None:
@@ -128,8 +130,9 @@ class Workload:
         name = "tool_agent" if agent == "tool4" else "single_turn_agent"
 
         async def trajectories() -> None:
+            chunk = pickle.loads(self._carriers) if on else None
             await asyncio.gather(*(self.worker._run_agent_loop(self._sampling, self._trajectory, agent_name=name,
-                                                               request_id=f"r{i}", **self._row(i, on))
+                                                               request_id=f"r{i}", **self._row(i, chunk))
                                    for i in range(self.n)))
 
         self.loop.run_until_complete(trajectories())

@@ -33,6 +33,16 @@ SETUP_HOOK = "otel_verl.activation.worker_setup"
 
 _lock = threading.Lock()
 _activated_pid: Optional[int] = None
+_pid = os.getpid()  # kept current by a fork hook: every carrier unpickled asks (a system call each)
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 setup_hook_calls = 0  # how often the hook ran in this process (tests, doctor)
 
 
@@ -53,14 +63,14 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
     global _activated_pid
     try:
         with _lock:
-            if _activated_pid == os.getpid():
+            if _activated_pid == _pid:
                 return True
             if env_defaults:
                 for key, value in env_defaults.items():
                     os.environ.setdefault(key, value)
             if not settings.load().enabled:
                 return False
-            _activated_pid = os.getpid()
+            _activated_pid = _pid
         from otel_verl.instrumentation import VerlInstrumentor
 
         instrumentor = VerlInstrumentor()
@@ -77,12 +87,12 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
 
 def activate_from_carrier(env: Mapping[str, str]) -> None:
     """Self-activation (see module docs); a no-op where tracing already runs."""
-    if _activated_pid != os.getpid():
+    if _activated_pid != _pid:
         activate(env)
 
 
 def is_active() -> bool:
-    return _activated_pid == os.getpid()
+    return _activated_pid == _pid
 
 
 # --------------------------------------------------------------------------- Ray runtime env

@@ -26,7 +26,7 @@ import signal
 import socket
 import threading
 import uuid
-from typing import Any, List, Optional
+from typing import Any, FrozenSet, List, Optional
 
 from otel_verl import health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME, Role
@@ -166,7 +166,18 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     from otel_verl.offload.wire import HostConfig
 
     config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
-    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending)
+    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_kinds=output_start_kinds())
+
+
+def output_start_kinds() -> FrozenSet[Any]:
+    """The span kinds whose start an output of :func:`output_processors` reads (OTLP reads
+    ends only): the export process gets no other span's start."""
+    from otel_verl.exporters.progress_log import ProgressLogProcessor
+    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+    from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+
+    return frozenset().union(*(output.on_start_kinds for output in
+                               (ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor)))
 
 
 def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:

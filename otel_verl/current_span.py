@@ -39,41 +39,59 @@ _span_types: set = set()  # the Span classes seen current (a handful)
 
 def get() -> Any:
     """``trace.get_current_span()``."""
-    if _VAR is None:
-        return trace.get_current_span()
-    return _span_or_invalid(_VAR.get().get(_SPAN_KEY))
+    return of(None)
 
 
 def of(context: Any) -> Any:
     """``trace.get_current_span(context)``: the span in ``context`` (the current one for ``None``)."""
-    if context is None:
-        return get()
     if _VAR is None:
         return trace.get_current_span(context)
-    return _span_or_invalid(context.get(_SPAN_KEY))
+    span = (_VAR.get() if context is None else context).get(_SPAN_KEY)
+    if type(span) in _span_types:  # (an ABC's isinstance is a Python call)
+        return span
+    return _span_or_invalid(span)
 
 
 def _span_or_invalid(span: Any) -> Any:
     if span is None:
         return _INVALID
-    kind = type(span)
-    if kind in _span_types:  # (an ABC's isinstance is a Python call)
-        return span
     if isinstance(span, trace.Span):
-        _span_types.add(kind)
+        _span_types.add(type(span))
         return span
     return _INVALID
 
 
-def make_current(span: Any) -> Any:
-    """``context.attach(trace.set_span_in_context(span))``: the token for :func:`restore`."""
+def make_current(span: Any, key: Optional[str] = None, value: Any = None) -> Any:
+    """``context.attach(trace.set_span_in_context(span))``, with ``key`` set to ``value``
+    in the same context (``context.set_value``; ``span`` may be ``None``: the current one
+    stays): the token for :func:`restore`. One context and one token for both: the
+    events API keeps its own state (the trajectory, the turn) under keys of its own in
+    the OpenTelemetry context, where it follows the span into tasks and copied contexts."""
     if _VAR is None:
-        return otel_context.attach(trace.set_span_in_context(span))
+        context = trace.set_span_in_context(span) if span is not None else otel_context.get_current()
+        if key is not None:
+            context = otel_context.set_value(key, value, context)
+        return otel_context.attach(context)
     # the new Context made once (not a dict, then the Context copied from it): it is set
     # through dict's own __setitem__, which Context refuses to its users
     context = _Context(_VAR.get())
-    _set_item(context, _SPAN_KEY, span)
+    if span is not None:
+        _set_item(context, _SPAN_KEY, span)
+    if key is not None:
+        _set_item(context, key, value)
     return _VAR.set(context)
+
+
+def value(key: str) -> Any:
+    """``context.get_value(key)`` of the current context."""
+    if _VAR is None:
+        return otel_context.get_value(key)
+    return _VAR.get().get(key)
+
+
+def create_key(name: str) -> str:
+    """A context key of our own (``context.create_key``)."""
+    return otel_context.create_key(name)
 
 
 def restore(token: Any) -> None:

@@ -15,8 +15,9 @@ the context. Attributes set through that public API (another library, user code)
 through the SDK's validation (``BoundedAttributes`` with the provider's limits) like on
 an SDK span.
 
-:func:`start` falls back to ``tracer.start_span`` whenever that would not be exactly
-equivalent: a tracer that is not the SDK's, or span limits that cut attribute values.
+A tracer has a :class:`Starter` (:func:`starter`) only where lean spans are exactly
+equivalent: not for a tracer that is not the SDK's, or span limits that cut attribute
+values (``record.start_span`` then uses ``tracer.start_span``).
 :func:`emit_finished` hands over a span that is already over (a batch stage reported per
 uid) without the live-span part at all.
 """
@@ -49,6 +50,7 @@ _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # SDK >= 1.39
 _KNOWN_FLAGS = TraceFlags.SAMPLED | _RANDOM_TRACE_ID
 _MAX_SPAN_ID = (1 << 64) - 1
 _new_context = tuple.__new__  # a SpanContext is a tuple
+_new_span = object.__new__
 # Ending is the one transition two threads may race for (a sample root ended by the
 # trainer thread and by the registry's bound): one lock for all spans, held for a check.
 _END_LOCK = threading.Lock()
@@ -65,41 +67,18 @@ if hasattr(os, "register_at_fork"):
 
 
 class LeanSpan(trace_api.Span, ReadableSpan):
-    """A recording span started by :func:`start`; see the module docs."""
+    """A recording span started by :meth:`Starter.start` (which sets ReadableSpan's
+    fields itself: a constructor call costs more than they do); see the module docs."""
 
-    def __init__(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: Optional[SpanContext],
-        attributes: Dict[str, Any],
-        kind: SpanKind,
-        links: Sequence[Link],
-        start_time: int,
-        tracer: Any,
-        record: Any,
-        dropped_links: int = 0,
-    ) -> None:
-        # ReadableSpan.__init__'s fields, set here (its keyword call costs more than they do)
-        self._name = name
-        self._context = context
-        self._kind = kind
-        self._instrumentation_info = None
-        self._instrumentation_scope = tracer._instrumentation_scope
-        self._parent = parent
-        self._start_time = start_time
-        self._end_time = None
-        self._attributes = attributes
-        self._events = ()  # a list from the first event on (most spans have none)
-        self._links = links
-        self._resource = tracer.resource
-        self._status = _UNSET
-        self._limits = tracer._span_limits
-        self._processor = tracer.span_processor
-        self._dropped_events = 0
-        self._dropped_links = dropped_links
-        self._attributes_view: Optional[Mapping[str, Any]] = None
-        self._otel_verl_record = record  # (RECORD_ATTR)
+    # ReadableSpan's fields that every lean span starts with the same value of: class
+    # attributes, shadowed by the span's own once it sets one (seven stores less a span)
+    _instrumentation_info = None
+    _end_time: Optional[int] = None
+    _events: Sequence[Event] = ()  # a list from the first event on (most spans have none)
+    _status = _UNSET
+    _dropped_events = 0
+    _dropped_links = 0
+    _attributes_view: Optional[Mapping[str, Any]] = None
 
     @property
     def attributes(self) -> Mapping[str, Any]:
@@ -258,14 +237,124 @@ class LeanSpan(trace_api.Span, ReadableSpan):
         return f'LeanSpan(name="{self._name}", context={self._context})'
 
 
-_supported: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+class Starter:
+    """Starts :class:`LeanSpan` s of one SDK tracer (see :func:`starter`): what a start
+    reads of the tracer besides its enabled flag, read once."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+        self.scope = tracer._instrumentation_scope
+        self.resource = tracer.resource
+        self.limits = tracer._span_limits
+        self.processor = tracer.span_processor
+        self.sampler = sampler = tracer.sampler
+        self.ids = tracer.id_generator
+        self._new_span_id = tracer.id_generator.generate_span_id
+        is_enabled = getattr(tracer, "_is_enabled", None)
+        self._is_enabled = is_enabled if is_enabled is not None else _always
+        # the sampler gives the parent's decision (see otel_verl.sampling)
+        self._follows_local = bool(getattr(sampler, "follows_local_parent", False))
+        self._follows_remote = bool(getattr(sampler, "follows_remote_parent", False))
+
+    def start(
+        self,
+        name: str,
+        record: Any,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Optional[Dict[str, Any]] = None,
+        links: Sequence[Link] = (),
+    ) -> Any:
+        """A :class:`LeanSpan` carrying ``record`` (``attributes`` is taken over, not
+        copied: the caller builds it for this span), or a ``NonRecordingSpan`` where
+        the tracer is off or its sampler drops the span."""
+        parent_span = current_span.of(context)
+        if type(parent_span) is LeanSpan:
+            parent = parent_span._context
+            follows = self._follows_local
+        else:
+            parent = parent_span.get_span_context()
+            # A SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid).
+            follows = parent[2] and parent[5] and self._follows_remote
+        if not self._is_enabled():
+            return trace_api.NonRecordingSpan(parent)
+        if attributes is None:
+            attributes = {}
+        if follows:
+            # the sampler would give the parent's decision; a remote parent's flags may
+            # carry bits the SDK would not pass on
+            flags = parent[3]
+            if flags & ~_KNOWN_FLAGS:
+                flags = TraceFlags(flags & _KNOWN_FLAGS)
+            span_id = self._new_span_id()
+            # SpanContext.__new__'s checks, done here: the parent's trace id is valid, its
+            # flags and trace state are the SDK's types
+            span_context = _new_context(SpanContext, (parent[0], span_id, False, flags, parent[4], 0 < span_id <= _MAX_SPAN_ID))
+        else:
+            sampled = self._sampled(name, context, parent, kind, attributes, links)
+            if type(sampled) is not tuple:
+                return sampled  # a NonRecordingSpan
+            parent, span_context, attributes = sampled
+        dropped_links = 0
+        if links:
+            links = tuple(link for link in links if link and _valid_link(link.context, link.attributes))
+            max_links = self.limits.max_links
+            if len(links) > max_links:  # as the SDK: the last ones kept, the others counted
+                dropped_links = len(links) - max_links
+                links = links[dropped_links:]
+        span = _new_span(LeanSpan)
+        span._name = name
+        span._context = span_context
+        span._kind = kind
+        span._instrumentation_scope = self.scope
+        span._parent = parent
+        span._start_time = _now_ns()
+        span._attributes = attributes
+        span._links = links
+        span._resource = self.resource
+        span._limits = self.limits
+        span._processor = self.processor
+        span._otel_verl_record = record  # (RECORD_ATTR)
+        if dropped_links:
+            span._dropped_links = dropped_links
+        self.processor.on_start(span, parent_context=context)
+        return span
+
+    def _sampled(self, name: str, context: Any, parent: SpanContext, kind: SpanKind, attributes: Dict[str, Any],
+                 links: Sequence[Link]) -> Any:
+        """The sampler's decision, as ``tracer.start_span`` takes it: ``(parent or None,
+        the span's context, its attributes)``, or a ``NonRecordingSpan``."""
+        ids = self.ids
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = ids.generate_trace_id()
+        else:
+            trace_id = parent.trace_id
+        result = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        flags = _SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED
+        if _RANDOM_TRACE_ID and (ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id):
+            flags = TraceFlags(flags | _RANDOM_TRACE_ID)
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
+        if not result.decision.is_recording():
+            return trace_api.NonRecordingSpan(span_context)
+        if result.attributes is not None and len(result.attributes) != len(attributes):
+            attributes = dict(result.attributes)  # a sampler that added attributes
+        return parent, span_context, attributes
 
 
-def supports(tracer: Any) -> bool:
-    """Whether :func:`start` may give ``tracer``'s spans as lean spans: an SDK tracer
-    whose limits do not cut attribute values (the events API bounds its own texts)."""
+def _always() -> bool:
+    return True
+
+
+_starters: "weakref.WeakKeyDictionary[Any, Optional[Starter]]" = weakref.WeakKeyDictionary()
+
+
+def starter(tracer: Any) -> Optional[Starter]:
+    """The :class:`Starter` of ``tracer`` (one per tracer), or ``None`` where its spans
+    cannot be lean: a tracer that is not the SDK's, or span limits that cut attribute
+    values (the events API bounds its own texts)."""
     try:
-        return _supported[tracer]
+        return _starters[tracer]
     except (KeyError, TypeError):
         pass
     limits = getattr(tracer, "_span_limits", None)
@@ -276,74 +365,17 @@ def supports(tracer: Any) -> bool:
         and limits.max_span_attribute_length is None
         and (limits.max_span_attributes or 0) >= 64
     )
+    made = Starter(tracer) if ok else None
     try:
-        _supported[tracer] = ok
+        _starters[tracer] = made
     except TypeError:  # not weakly referable: decide again next time
         pass
-    return ok
+    return made
 
 
-def start(
-    tracer: Any,
-    name: str,
-    record: Any,
-    *,
-    context: Any = None,
-    kind: SpanKind = SpanKind.INTERNAL,
-    attributes: Optional[Dict[str, Any]] = None,
-    links: Sequence[Link] = (),
-) -> Any:
-    """Start a :class:`LeanSpan` of ``tracer`` (see :func:`supports`) carrying ``record``
-    (``attributes`` is taken over, not copied: the caller builds it for this span), or a
-    ``NonRecordingSpan`` where the tracer is off or its sampler drops the span."""
-    is_enabled = getattr(tracer, "_is_enabled", None)
-    parent_span = current_span.of(context)
-    parent = parent_span.get_span_context()
-    if is_enabled is not None and not is_enabled():
-        return trace_api.NonRecordingSpan(parent)
-    ids = tracer.id_generator
-    attributes = attributes if attributes is not None else {}
-    # A SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid).
-    if (getattr(tracer.sampler, "follows_local_parent", False) if type(parent_span) is LeanSpan else
-            parent[2] and parent[5] and getattr(tracer.sampler, "follows_remote_parent", False)):
-        # the sampler would give the parent's decision (see otel_verl.sampling); a remote
-        # parent's flags may carry bits the SDK would not pass on
-        flags = parent[3]
-        if flags & ~_KNOWN_FLAGS:
-            flags = TraceFlags(flags & _KNOWN_FLAGS)
-        span_id = ids.generate_span_id()
-        # SpanContext.__new__'s checks, done here: the parent's trace id is valid, its
-        # flags and trace state are the SDK's types
-        span_context = _new_context(SpanContext, (parent[0], span_id, False, flags, parent[4], 0 < span_id <= _MAX_SPAN_ID))
-        return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
-    if parent is None or not parent.is_valid:
-        parent = None
-        trace_id = ids.generate_trace_id()
-    else:
-        trace_id = parent.trace_id
-    result = tracer.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-    flags = _SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED
-    if _RANDOM_TRACE_ID and (ids.is_trace_id_random() if parent is None else parent.trace_flags.random_trace_id):
-        flags = TraceFlags(flags | _RANDOM_TRACE_ID)
-    span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
-    if not result.decision.is_recording():
-        return trace_api.NonRecordingSpan(span_context)
-    if result.attributes is not None and len(result.attributes) != len(attributes):
-        attributes = dict(result.attributes)  # a sampler that added attributes
-    return _started(tracer, name, span_context, parent, attributes, kind, links, record, context)
-
-
-def _started(tracer: Any, name: str, span_context: SpanContext, parent: Optional[SpanContext],
-             attributes: Dict[str, Any], kind: SpanKind, links: Sequence[Link], record: Any, context: Any) -> LeanSpan:
-    max_links, dropped_links = tracer._span_limits.max_links, 0
-    if links:
-        links = tuple(link for link in links if link and _valid_link(link.context, link.attributes))
-        if len(links) > max_links:  # as the SDK: the last ones kept, the others counted
-            dropped_links = len(links) - max_links
-            links = links[dropped_links:]
-    span = LeanSpan(name, span_context, parent, attributes, kind, links, _now_ns(), tracer, record, dropped_links)
-    tracer.span_processor.on_start(span, parent_context=context)
-    return span
+def supports(tracer: Any) -> bool:
+    """Whether ``tracer``'s spans may be lean spans (see :func:`starter`)."""
+    return starter(tracer) is not None
 
 
 def _valid_link(context: Any, attributes: Any) -> bool:

@@ -17,10 +17,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from opentelemetry.trace import SpanKind
+
 from otel_verl import lean_span
 from otel_verl.semconv import Kind
 
 _ATTR = lean_span.RECORD_ATTR
+_new = object.__new__
+IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
+NO_SERVER_META: Mapping[str, float] = MappingProxyType({})  # a turn's until the server reports
 
 
 @dataclass
@@ -49,6 +54,16 @@ class TurnData:
     def data(self) -> "TurnData":
         return self
 
+    @classmethod
+    def started(cls, prompt_ids: Sequence[int], start_ts: float, prompt_token_count: int) -> "TurnData":
+        """A call's data as it starts; the other fields keep their defaults (the class's).
+        (The generated ``__init__`` takes its eleven keyword arguments at several times
+        the cost, once per LLM turn.)"""
+        turn = _new(cls)
+        turn.prompt_ids, turn.start_ts, turn.prompt_token_count = prompt_ids, start_ts, prompt_token_count
+        turn.server_meta = NO_SERVER_META
+        return turn
+
 
 def prompt_tokens(turn: TurnData) -> int:
     """The turn's prompt length as the outputs count it (at the call, else the ids')."""
@@ -68,8 +83,6 @@ def _length(ids: Any) -> int:
 
 # --------------------------------------------------------------------------- token ids as kept
 
-IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
-NO_SERVER_META: Mapping[str, float] = MappingProxyType({})  # a turn's until the server reports
 
 
 def kept_ids(ids: Any) -> Sequence[int]:
@@ -181,6 +194,18 @@ class TrajectoryData:
     def data(self) -> "TrajectoryData":
         return self
 
+    @classmethod
+    def started(cls, uid: str, traj_uid: str, global_step: int, n_samples: Optional[int], agent_name: str,
+                created_at: float, trainer_api: str, decode: Optional[Callable[..., str]],
+                encode: Optional[Callable[..., List[int]]]) -> "TrajectoryData":
+        """A trajectory's data as it starts (see :meth:`TurnData.started`)."""
+        traj = _new(cls)
+        traj.uid, traj.traj_uid, traj.global_step, traj.n_samples = uid, traj_uid, global_step, n_samples
+        traj.agent_name, traj.created_at, traj.trainer_api = agent_name, created_at, trainer_api
+        traj.decode, traj.encode = decode, encode
+        traj.turns, traj.agent_metrics = [], {}
+        return traj
+
 
 @dataclass
 class RolloutData:
@@ -205,18 +230,27 @@ _starting: contextvars.ContextVar[Optional[Tuple[str, SpanRecord]]] = contextvar
 )
 
 
-def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, lean: Optional[bool] = None,
-               **kwargs: Any) -> Any:
-    """``tracer.start_span(name, **kwargs)`` with the record readable from on_start on: a
+def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, lean: Any = None,
+               context: Any = None, kind: SpanKind = SpanKind.INTERNAL, attributes: Optional[Dict[str, Any]] = None,
+               links: Sequence[Any] = (), **more: Any) -> Any:
+    """``tracer.start_span(name, ...)`` with the record readable from on_start on: a
     :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it (``lean``: the
-    caller's :func:`~otel_verl.lean_span.supports` decision, when it has one)."""
-    # a turn's or a trajectory's data is its own span's record (no SpanRecord per span)
-    record = data if type(data) in OWN_RECORD_TYPES and data.kind is record_kind else SpanRecord(record_kind, data)
-    if lean if lean is not None else lean_span.supports(tracer):
-        return lean_span.start(tracer, name, record, **kwargs)
+    tracer's :func:`~otel_verl.lean_span.starter` or ``False``, when the caller has it)."""
+    # a turn's or a trajectory's data is its own span's record; a kind's spans without
+    # data share one record (no SpanRecord per span)
+    if data is None:
+        record = _DATALESS[record_kind]
+    elif type(data) in OWN_RECORD_TYPES and data.kind is record_kind:
+        record = data
+    else:
+        record = SpanRecord(record_kind, data)
+    if lean is None:
+        lean = lean_span.starter(tracer)
+    if lean and not more:  # (a start time and the like: the tracer's own span)
+        return lean.start(name, record, context, kind, attributes, links)
     token = _starting.set((name, record))
     try:
-        span = tracer.start_span(name, **kwargs)
+        span = tracer.start_span(name, context=context, kind=kind, attributes=attributes, links=links, **more)
     finally:
         _starting.reset(token)
     _bind(span, record)
@@ -224,6 +258,7 @@ def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, l
 
 
 OWN_RECORD_TYPES = frozenset((TurnData, TrajectoryData))  # data that is its own span's record
+_DATALESS = {kind: SpanRecord(kind) for kind in Kind}  # (records are never changed)
 
 
 def attach(span: Any, kind: Kind, data: Any = None) -> None:

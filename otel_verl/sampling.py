@@ -213,6 +213,8 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         super().__init__()
         self._on_start: Tuple[Tuple[Any, Any], ...] = ()
         self._on_end: Tuple[Tuple[Any, Any], ...] = ()
+        self._sole_on_start: Optional[SpanProcessor] = None
+        self._sole_start_kinds: Any = frozenset()
         self._sole_on_end: Optional[SpanProcessor] = None
         self._on_ending_processors: Tuple[Any, ...] = ()
         self.calls_on_ending = False
@@ -223,8 +225,12 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         self._on_start = _routes(processors, "on_start_kinds")
         self._on_end = _routes(processors, "on_end_kinds")
         # one processor that reads every ending span (a rollout worker's export process):
-        # no record to look up per span
+        # no record to look up per span; one that reads starting spans of the events API
+        # (only): no loop over the routes
         self._sole_on_end = self._on_end[0][0] if len(self._on_end) == 1 and self._on_end[0][1] is None else None
+        starts = self._on_start
+        sole_start = len(starts) == 1 and starts[0][1] is not None
+        self._sole_on_start, self._sole_start_kinds = starts[0] if sole_start else (None, frozenset())
         self._on_ending_processors = tuple(
             sp for sp in processors if getattr(type(sp), "_on_ending", None) is not SpanProcessor._on_ending
         )
@@ -232,6 +238,14 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
 
     def on_start(self, span, parent_context=None) -> None:
         record = getattr(span, RECORD_ATTR, None)  # (inline: twice per span of a rollout worker)
+        sole = self._sole_on_start
+        if sole is not None and record is not None:
+            if record.kind in self._sole_start_kinds:
+                try:
+                    sole.on_start(span, parent_context=parent_context)
+                except Exception as exc:
+                    _processor_failed(sole, "on_start", exc)
+            return
         kind = record.kind if record is not None else _record_kind(span)
         for sp, kinds in self._on_start:
             if kinds is None or kind in kinds:

@@ -22,7 +22,7 @@ class Pipeline:
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
         from otel_verl import events, settings
-        from otel_verl.sampling import UidIdGenerator, record_dropped_samples
+        from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
 
         self.exporter = InMemorySpanExporter()
         self.ids = UidIdGenerator()
@@ -30,6 +30,7 @@ class Pipeline:
             resource=Resource.create({"service.name": "verl", "verl.role": "trainer", "verl.run_id": "test-run"}),
             sampler=record_dropped_samples(sampler),
             id_generator=self.ids,
+            active_span_processor=IsolatingSpanProcessor(),  # as bootstrap: kinds routed per processor
         )
         self.sampler = self.provider.sampler
         self.processors: List[Any] = list(processors)

@@ -56,7 +56,8 @@ class _ToolLoop:
         return request_id
 
 
-@pytest.mark.parametrize("how", ["bound method", "unbound, self in args", "plain function wrapper on an instance"])
+@pytest.mark.parametrize("how", ["bound method", "bound method, no instance", "unbound, self in args",
+                                 "plain function wrapper on an instance"])
 def test_one_argument_is_read_as_bound_would_bind_it(how):
     """``_args.arg`` and ``_args.ArgReader`` (the rollout worker's wrappers read a few
     arguments) against ``_args.bound`` for every way verl passes them and wrapt hands them
@@ -73,14 +74,20 @@ def test_one_argument_is_read_as_bound_would_bind_it(how):
     for (args, kwargs), name in calls:
         if how == "bound method":
             wrapped, instance = getattr(loop, name), loop
+        elif how == "bound method, no instance":
+            wrapped, instance = getattr(loop, name), None
         elif how == "unbound, self in args":
             wrapped, instance, args = getattr(_ToolLoop, name), None, (loop,) + args
         else:
             wrapped, instance = getattr(_ToolLoop, name), loop
-        _, values = bound(wrapped, instance, args, kwargs)
+        self_, values = bound(wrapped, instance, args, kwargs)
+        assert self_ is loop
         for param in names:
             assert arg(wrapped, instance, args, kwargs, param, "absent") == values.get(param, "absent"), (how, name, param)
-        assert reader(wrapped, instance, args, kwargs) == tuple(values.get(param) for param in names), (how, name)
+        expected = tuple(values.get(param) for param in names)
+        assert reader(wrapped, instance, args, kwargs) == expected, (how, name)
+        found_self, found = reader.with_self(wrapped, instance, args, kwargs)
+        assert found_self is loop and found == expected, (how, name)
 
 
 class _Target:

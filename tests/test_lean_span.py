@@ -78,7 +78,7 @@ def test_a_lean_span_exports_what_the_sdk_span_exports():
         span.end()
         return span
 
-    lean = run(lambda: lean_span.start(tracer, "chat m", SpanRecord(Kind.LLM_CALL), context=_remote_parent(),
+    lean = run(lambda: lean_span.starter(tracer).start("chat m", SpanRecord(Kind.LLM_CALL), context=_remote_parent(),
                                        kind=SpanKind.CLIENT, attributes={"a": "x", "n": 3}, links=[link]))
     sdk = run(lambda: tracer.start_span("chat m", context=_remote_parent(), kind=SpanKind.CLIENT,
                                         attributes={"a": "x", "n": 3}, links=[link]))
@@ -91,14 +91,18 @@ def test_a_lean_span_exports_what_the_sdk_span_exports():
 
 
 def test_a_lean_span_sets_every_field_the_sdks_readable_span_sets():
-    # LeanSpan sets ReadableSpan's fields itself (cheaper than its keyword call): an SDK
-    # that adds one must not leave lean spans without it.
+    # LeanSpan sets ReadableSpan's fields itself (cheaper than its keyword call), or has
+    # the SDK's initial value as a class attribute: an SDK that adds one must not leave
+    # lean spans without it.
     from opentelemetry.sdk.trace import ReadableSpan
 
     provider, tracer, _ = _provider()
-    lean = lean_span.start(tracer, "chat m", SpanRecord(Kind.LLM_CALL), attributes={"a": "x"})
-    sdk_fields = set(vars(ReadableSpan("x")))
-    assert sdk_fields and sdk_fields <= set(vars(lean))
+    lean = lean_span.starter(tracer).start("chat m", SpanRecord(Kind.LLM_CALL), attributes={"a": "x"})
+    sdk_span = ReadableSpan("x")
+    sdk_fields = set(vars(sdk_span))
+    assert sdk_fields and sdk_fields <= set(vars(lean)) | set(vars(lean_span.LeanSpan))
+    for field in sdk_fields - set(vars(lean)):
+        assert getattr(lean, field) == getattr(sdk_span, field) or field == "_status", field
     assert lean.resource is tracer.resource and lean.instrumentation_scope is tracer._instrumentation_scope
     assert lean.end_time is None and list(lean.events) == [] and lean.status.status_code is StatusCode.UNSET
     lean.end()
@@ -141,7 +145,7 @@ def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
             lean_span.set_trusted(span, f"t{i}", i)
         span.end()
 
-    run(lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"ours": "kept"}))
+    run(lean_span.starter(tracer).start("s", SpanRecord(Kind.TOOL), attributes={"ours": "kept"}))
     run(tracer.start_span("s", attributes={"ours": "kept"}))
     finished = exporter.get_finished_spans()
     lean, sdk = (dict(s.attributes) for s in finished)
@@ -154,7 +158,7 @@ def test_attributes_from_other_code_are_validated_like_on_an_sdk_span():
 def test_trusted_attributes_set_together_keep_the_count_limit_like_one_by_one():
     provider, tracer, exporter = _provider(limits=SpanLimits(max_span_attributes=64))
     for name in ("one_by_one", "together"):
-        span = lean_span.start(tracer, name, SpanRecord(Kind.LLM_CALL), attributes={f"s{i}": i for i in range(60)})
+        span = lean_span.starter(tracer).start(name, SpanRecord(Kind.LLM_CALL), attributes={f"s{i}": i for i in range(60)})
         more = {f"m{i}": i for i in range(8)}  # past the limit: the oldest are evicted
         if name == "together":
             lean_span.set_trusted_many(span, more)
@@ -166,7 +170,7 @@ def test_trusted_attributes_set_together_keep_the_count_limit_like_one_by_one():
     one, together = exporter.get_finished_spans()
     assert dict(one.attributes) == dict(together.attributes) and len(together.attributes) == 64
     assert together.dropped_attributes == one.dropped_attributes == 4 and "late" not in together.attributes
-    span = lean_span.start(tracer, "roomy", SpanRecord(Kind.LLM_CALL), attributes={"a": 1})
+    span = lean_span.starter(tracer).start("roomy", SpanRecord(Kind.LLM_CALL), attributes={"a": 1})
     lean_span.set_trusted_many(span, {"b": 2, "c": ("stop",)})
     assert dict(span.attributes) == {"a": 1, "b": 2, "c": ("stop",)} and span.dropped_attributes == 0
     span.end()
@@ -175,7 +179,7 @@ def test_trusted_attributes_set_together_keep_the_count_limit_like_one_by_one():
 
 def test_attributes_are_a_read_only_view_that_follows_every_setter():
     provider, tracer, _ = _provider()
-    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={"a": 1})
+    span = lean_span.starter(tracer).start("s", SpanRecord(Kind.TOOL), attributes={"a": 1})
     view = span.attributes
     with pytest.raises(TypeError):
         view["a"] = 2  # read-only, as the SDK's ReadableSpan.attributes
@@ -226,7 +230,7 @@ def test_sampling_decisions_match_the_sdk(inner, parent_sampled, child_sampled):
     assert sampler.follows_remote_parent is (isinstance(inner, ParentBased) and inner._remote_parent_not_sampled is ALWAYS_OFF)
     provider, tracer, _ = _provider(sampler=sampler)
     flags = []
-    for make in (lambda name, ctx: lean_span.start(tracer, name, SpanRecord(Kind.TOOL), context=ctx),
+    for make in (lambda name, ctx: lean_span.starter(tracer).start(name, SpanRecord(Kind.TOOL), context=ctx),
                  lambda name, ctx: tracer.start_span(name, context=ctx)):
         # a vendor's trace state goes on; a flag bit the SDK does not know does not
         parent = make("invoke_agent a", _remote_parent(parent_sampled, 0x80, TraceState([("vendor", "v1")])))
@@ -255,7 +259,7 @@ def test_events_and_links_past_the_limits_are_kept_and_counted_as_the_sdk_does(m
         span.add_link(SpanContext(0, 0, False, TraceFlags(0)))  # invalid
         span.end()
 
-    run(lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), links=links))
+    run(lean_span.starter(tracer).start("s", SpanRecord(Kind.TOOL), links=links))
     run(tracer.start_span("s", links=links))
     lean, sdk = exporter.get_finished_spans()
     assert [e.name for e in lean.events] == [e.name for e in sdk.events] == ["e0", "e1", "e2"][3 - max_events:]
@@ -268,7 +272,7 @@ def test_events_and_links_past_the_limits_are_kept_and_counted_as_the_sdk_does(m
 
 def test_exceptions_become_events_and_ok_is_final():
     provider, tracer, exporter = _provider()
-    span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL))
+    span = lean_span.starter(tracer).start("s", SpanRecord(Kind.TOOL))
     try:
         raise ValueError("no")
     except ValueError as exc:
@@ -348,6 +352,35 @@ def test_a_sole_processor_of_every_ending_span_is_isolated_too(monkeypatch):
     provider.shutdown()
 
 
+def test_a_sole_processor_of_starting_spans_gets_the_kinds_it_asks_for(monkeypatch):
+    """One processor that reads starts of some kinds (a rollout worker's export process:
+    the kinds its outputs write rows for) gets those, without the loop over routes; its
+    exception is counted, not raised."""
+    from otel_verl import health
+
+    monkeypatch.setattr(health, "_failures", health.Counter())
+
+    class RaisingAtStart(Counting):
+        def on_start(self, span, parent_context=None):
+            super().on_start(span, parent_context)
+            raise RuntimeError("on_start")
+
+    sole = RaisingAtStart(starts=frozenset({Kind.LLM_CALL}))
+    processor = IsolatingSpanProcessor()
+    provider = TracerProvider(active_span_processor=processor)
+    provider.add_span_processor(sole)
+    assert processor._sole_on_start is sole
+    tracer = provider.get_tracer("otel_verl")
+    start_span(tracer, "chat", Kind.LLM_CALL).end()
+    start_span(tracer, "tool", Kind.TOOL).end()
+    tracer.start_span("foreign").end()  # no record: not a kind it asked for
+    assert sole.seen == [("start", "chat"), ("end", "chat"), ("end", "tool"), ("end", "foreign")]
+    assert health.snapshot()["failures"] == {"span_processor.RaisingAtStart.on_start": 1}
+    provider.add_span_processor(Counting(starts=frozenset({Kind.TOOL})))  # a second route: no sole one
+    assert processor._sole_on_start is None
+    provider.shutdown()
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["default runtime context", "another runtime context"])
 def test_the_current_span_is_read_and_set_as_the_api_does(direct, monkeypatch):
     """otel_verl.current_span on the default runtime context's ContextVar, or through the
@@ -376,6 +409,16 @@ def test_the_current_span_is_read_and_set_as_the_api_does(direct, monkeypatch):
     assert current_span.of(given) is trace.get_current_span(given) is inner
     assert current_span.of(otel_context.Context()) is trace.INVALID_SPAN
     assert current_span.of(None) is trace.get_current_span()
+    # a key of our own set with the span (one context, one token), or alone
+    key = current_span.create_key("otel_verl.test")
+    with_key = current_span.make_current(outer, key, "value")
+    assert current_span.get() is trace.get_current_span() is outer
+    assert current_span.value(key) == otel_context.get_value(key) == "value"
+    key_only = current_span.make_current(None, key, "other")
+    assert current_span.get() is outer and current_span.value(key) == "other"
+    current_span.restore(key_only)
+    current_span.restore(with_key)
+    assert current_span.value(key) is None and current_span.get() is trace.INVALID_SPAN
 
 
 # --------------------------------------------------------------------------- hand-offs and caches
@@ -521,7 +564,7 @@ def test_a_forked_child_gets_fresh_locks_for_span_ends_and_carrier_arrivals():
             signal.alarm(10)
             code = 1
             try:
-                span = lean_span.start(tracer, "s", SpanRecord(Kind.TOOL), attributes={})
+                span = lean_span.starter(tracer).start("s", SpanRecord(Kind.TOOL), attributes={})
                 span.end()
                 carriers.take_arrived("u")
                 code = 0

@@ -367,3 +367,48 @@ def test_token_ids_cross_as_packed_bytes_or_as_they_are():
         assert type(packed) is bytes and wire._unpacked_ids(packed) == [int(i) for i in ids]
     for odd in ([-1, 2], [1 << 40], [1.5]):  # no unsigned 32-bit ints: sent as a list
         assert wire._unpacked_ids(wire._packed_ids(odd)) == odd
+
+
+def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp_path):
+    """Starts go to the export process for the kinds an output writes rows for at a start
+    (bootstrap.output_start_kinds); a tool or reward span goes once, whole, at its end,
+    and the outputs are still the ones the process writes itself."""
+    from otel_verl.exporters.progress_log import ProgressLogProcessor
+    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+    from otel_verl.semconv import Kind
+
+    kinds = bootstrap.output_start_kinds()
+    assert kinds == ProgressLogProcessor.on_start_kinds | SampleCsvProcessor.on_start_kinds
+    assert Kind.TRAJECTORY in kinds and Kind.LLM_CALL in kinds
+    assert Kind.TOOL not in kinds and Kind.REWARD not in kinds
+    p = pipelines()
+    assert p.offload.on_start_kinds == kinds
+    sent = []
+    snapshots = p.offload._snapshots
+    start, end = snapshots.start, snapshots.end
+    snapshots.start = lambda span: sent.append(("start", span.name)) or start(span)
+    snapshots.end = lambda span: sent.append(("end", span.name)) or end(span)
+    with events.trajectory("u1", "0", step=1, agent_name="tool_agent"):
+        with events.tool_call("calculator"):
+            pass
+        with events.reward() as reward:
+            reward.score(1.0)
+    assert p.provider.force_flush()
+    assert ("end", "execute_tool calculator") in sent and ("start", "execute_tool calculator") not in sent
+    assert ("end", "verl.reward") in sent and ("start", "verl.reward") not in sent
+    assert ("start", "invoke_agent tool_agent") in sent
+    here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
+    assert {k: v for k, v in there.items() if k.startswith("sample/")} == {
+        k: v for k, v in here.items() if k.startswith("sample/")}
+
+
+def test_a_turn_and_a_trajectory_started_fast_equal_their_dataclass_made_twins():
+    """TurnData.started / TrajectoryData.started skip the generated __init__: every field
+    the constructor would set is there (a new field with a default factory would not be)."""
+    from otel_verl.record import NO_SERVER_META
+
+    turn = TurnData.started([1, 2], 5.0, 2)
+    assert turn == TurnData(prompt_ids=[1, 2], start_ts=5.0, prompt_token_count=2, server_meta=NO_SERVER_META)
+    traj = TrajectoryData.started("u", "0", 3, 8, "agent", 7.0, "v0", None, None)
+    assert traj == TrajectoryData(uid="u", traj_uid="0", global_step=3, n_samples=8, agent_name="agent", created_at=7.0)
+    assert traj.turns == [] and traj.turns is not TrajectoryData.started("u", "1", 3, 8, "a", 7.0, "v0", None, None).turns

@@ -34,8 +34,8 @@ class _Runtime:
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.samples = _SampleRegistry(settings.max_open_samples)
         self.capture_content = bool(getattr(settings, "capture_content", False))
-        # decided once: the events API starts a few spans per LLM turn
-        self.lean_spans = lean_span.supports(tracer)
+        # decided once: the events API starts a few spans per LLM turn (False: the tracer's own spans)
+        self.lean_spans = lean_span.starter(tracer) or False
 
 
 _runtime: Optional[_Runtime] = None
@@ -257,30 +257,37 @@ def _set(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
             pass
 
 
+SELF = object()  # a scope's block value or key value that is the scope itself (not stored: a cycle)
+
+
 class SpanScope:
     """The ``with`` block of one span, as a class (the rollout worker enters several per
-    trajectory; a generator context manager costs several times more): the span is the
-    current span inside and ``var`` is set to ``var_value``; on exit the span ends,
+    trajectory; a generator context manager costs several times more): the block gets
+    ``value``; inside, the span is the current span and ``key`` (a context key of
+    :func:`otel_verl.current_span.create_key`) is set to ``key_value`` in the same
+    context (either value may be :data:`SELF`, the scope); on exit the span ends,
     failed when the block raised (the exception goes on untouched). Subclasses add to
     the exit in :meth:`_ending` (span still open) and :meth:`_ended`. ``span`` may be
     ``None``: nothing to make current or end."""
 
-    __slots__ = ("span", "value", "_var", "_var_value", "_ctx_token", "_var_token")
+    __slots__ = ("span", "value", "_key", "_key_value", "_token")
 
-    def __init__(self, span: Any, value: Any = None, var: Optional[contextvars.ContextVar] = None,
-                 var_value: Any = None) -> None:
+    def __init__(self, span: Any, value: Any = None, key: Optional[str] = None, key_value: Any = None) -> None:
         self.span = span
         self.value = value
-        self._var = var
-        self._var_value = var_value
-        self._ctx_token = self._var_token = None
+        self._key = key
+        self._key_value = key_value
+        self._token = None
 
     def __enter__(self) -> Any:
-        if self.span is not None:
-            self._ctx_token = current_span.make_current(self.span)
-        if self._var is not None:
-            self._var_token = self._var.set(self._var_value)
-        return self.value
+        key = self._key
+        if key is not None:
+            key_value = self._key_value
+            self._token = current_span.make_current(self.span, key, self if key_value is SELF else key_value)
+        elif self.span is not None:
+            self._token = current_span.make_current(self.span)
+        value = self.value
+        return self if value is SELF else value
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         try:
@@ -300,14 +307,9 @@ class SpanScope:
             self._ended(exc)
         except Exception as inner:
             health.record_failure("events.span_ended", inner)
-        if self._var_token is not None:
+        if self._token is not None:
             try:
-                self._var.reset(self._var_token)
-            except ValueError:  # reset in another context
-                pass
-        if self._ctx_token is not None:
-            try:
-                current_span.restore(self._ctx_token)
+                current_span.restore(self._token)
             except Exception:  # detached in another context
                 pass
         return False

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextvars
 from typing import Any, ContextManager, Dict, Mapping, Optional
 
 from opentelemetry.trace import SpanKind
 
-from otel_verl import carriers, health, semconv as sc
+from otel_verl import carriers, current_span, health, semconv as sc
 from otel_verl.lean_span import set_trusted
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
@@ -39,7 +38,7 @@ class ServerCall:
                     set_trusted(self.span, sc.llm_server_meta_attribute(key), value)
 
 
-_current_server_call: contextvars.ContextVar[Optional[ServerCall]] = contextvars.ContextVar("otel_verl_server_call", default=None)
+_SERVER_CALL_KEY = current_span.create_key("otel_verl.llm_server_call")  # (see SpanScope)
 
 
 def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> ContextManager[ServerCall]:
@@ -48,7 +47,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
     parent = carriers.context_from(headers) if headers else None
     if rt is None or parent is None:
         call = ServerCall(None, headers)
-        return SpanScope(None, call, _current_server_call, call)
+        return SpanScope(None, call, _SERVER_CALL_KEY, call)
     span = _start_guarded(
         sc.SPAN_LLM_SERVER,
         Kind.LLM_SERVER,
@@ -57,8 +56,8 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         kind=SpanKind.SERVER,
     )
     call = ServerCall(span, headers)
-    return SpanScope(span, call, _current_server_call, call)
+    return SpanScope(span, call, _SERVER_CALL_KEY, call)
 
 
 def current_server_call() -> Optional[ServerCall]:
-    return _current_server_call.get()
+    return current_span.value(_SERVER_CALL_KEY)

@@ -4,20 +4,20 @@ observations, tool calls, reward)."""
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import time
 from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
 
 from opentelemetry.trace import SpanKind
 
-from otel_verl import carriers, health, semconv as sc
+from otel_verl import carriers, current_span, health, semconv as sc
 from otel_verl.ids import id_str
 from otel_verl.record import NO_SERVER_META, TrajectoryData, TurnData, kept_ids, kept_prompt, start_span, token_list
 from otel_verl.lean_span import set_trusted, set_trusted_many
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
+    SELF,
     _text,
     _capturing_content,
     _is_number,
@@ -31,25 +31,14 @@ from otel_verl.events._core import (
 
 # --------------------------------------------------------------------------- rollout worker
 
-_current_traj: contextvars.ContextVar[Optional["_Trajectory"]] = contextvars.ContextVar("otel_verl_traj", default=None)
+# The running trajectory and LLM call, in the OpenTelemetry context (see SpanScope)
+_TRAJ_KEY = current_span.create_key("otel_verl.trajectory")
 _SUPPRESSED = object()  # a validation trajectory: everything inside it is silent
-_current_turn: contextvars.ContextVar[Optional["Turn"]] = contextvars.ContextVar("otel_verl_turn", default=None)
+_TURN_KEY = current_span.create_key("otel_verl.llm_call")
 
 
-class _Trajectory:
-    __slots__ = ("span", "data", "agent_loop_class", "worker_index", "sample_attributes")
-
-    def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
-                 sample_attributes: Dict[str, Any]) -> None:
-        self.span = span
-        self.data = data
-        self.agent_loop_class: Optional[str] = None
-        self.worker_index = worker_index
-        self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
-
-
-def _active_traj() -> Optional[_Trajectory]:
-    traj = _current_traj.get()
+def _active_traj() -> Optional["_TrajectoryScope"]:
+    traj = current_span.value(_TRAJ_KEY)
     return traj if traj is not None and traj is not _SUPPRESSED else None
 
 
@@ -78,24 +67,15 @@ def trajectory(
     if rt is None:
         return _UNTRACED
     if validate and not rt.settings.trace_validation:
-        return SpanScope(None, None, _current_traj, _SUPPRESSED)
+        return SpanScope(None, None, _TRAJ_KEY, _SUPPRESSED)
     try:
         uid_s, traj_s = id_str(uid), id_str(traj_uid)
         agent_name = _text(agent_name)
         parent_ctx = carriers.context_from(parent) if parent is not None else None
         if parent_ctx is None:
             parent_ctx = _sample_root_context(uid_s)
-        data = TrajectoryData(
-            uid=uid_s,
-            traj_uid=traj_s,
-            global_step=int(step),
-            n_samples=n_samples,
-            agent_name=agent_name,
-            created_at=time.time(),
-            trainer_api=trainer_api,
-            decode=decode,
-            encode=encode,
-        )
+        data = TrajectoryData.started(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
+                                      decode, encode)
         sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
         attrs = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
@@ -107,9 +87,9 @@ def trajectory(
             attrs[sc.WORKER_INDEX] = int(worker_index)
         if validate:
             attrs[sc.VALIDATE] = True
-        span = start_span(rt.tracer, sc.agent_span_name(agent_name), Kind.TRAJECTORY, data, lean=rt.lean_spans,
-                          context=parent_ctx, kind=SpanKind.INTERNAL, attributes=attrs)
-        return _TrajectoryScope(_Trajectory(span, data, worker_index, sample_attributes))
+        span = start_span(rt.tracer, sc.agent_span_name(agent_name), _TRAJECTORY, data, lean=rt.lean_spans,
+                          context=parent_ctx, attributes=attrs)
+        return _TrajectoryScope(span, data, worker_index, sample_attributes)
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
         return _UNTRACED
@@ -119,17 +99,25 @@ _UNTRACED = contextlib.nullcontext()  # a block that is not traced (gets None)
 
 
 class _TrajectoryScope(SpanScope):
-    __slots__ = ()
+    """A trajectory while it runs: its span's ``with`` block and what the spans inside it
+    read (the ``_TRAJ_KEY`` value; one object a trajectory)."""
 
-    def __init__(self, traj: _Trajectory) -> None:
-        super().__init__(traj.span, traj.data, _current_traj, traj)
+    __slots__ = ("data", "agent_loop_class", "worker_index", "sample_attributes")
+
+    def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
+                 sample_attributes: Dict[str, Any]) -> None:
+        super().__init__(span, data, _TRAJ_KEY, SELF)
+        self.data = data
+        self.agent_loop_class: Optional[str] = None
+        self.worker_index = worker_index
+        self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
 
     def _ending(self, error: Optional[BaseException]) -> None:
-        traj = self._var_value
-        traj.data.completed_at = time.time()
-        if traj.data.reward_score is not None:
-            set_trusted(traj.span, sc.REWARD_SCORE, traj.data.reward_score)
-        set_trusted(traj.span, sc.NUM_TURNS, len(traj.data.turns))
+        data = self.data
+        data.completed_at = time.time()
+        if data.reward_score is not None:
+            set_trusted(self.span, sc.REWARD_SCORE, data.reward_score)
+        set_trusted(self.span, sc.NUM_TURNS, len(data.turns))
 
 
 def agent_run(agent_loop_class: str) -> ContextManager[None]:
@@ -184,19 +172,33 @@ def trajectory_score(score: Any) -> None:
         traj.data.agent_metrics["reward_score"] = float(score)
 
 
-class Turn:
-    """What :func:`llm_call` yields: the caller reports the response through it."""
+class Turn(SpanScope):
+    """What :func:`llm_call` yields (the ``with`` block of the call's span, one object a
+    call): the caller reports the response through it."""
 
-    __slots__ = ("span", "data", "_carrier", "_decode", "_prompt")
+    __slots__ = ("data", "_traj_data", "_carrier", "_decode", "_prompt")
 
-    def __init__(self, span: Any, data: Optional[TurnData], decode: Any = None, prompt: Any = None) -> None:
-        self.span = span
+    def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
+                 decode: Any = None, prompt: Any = None) -> None:
+        super().__init__(span, SELF, _TURN_KEY, SELF)
         self.data = data
+        self._traj_data = traj_data
         self._carrier: Optional[Dict[str, str]] = None
         # only when content capture is on: the tokenizer's decode and the whole prompt
         # (the record keeps the part the outputs read)
         self._decode = decode
         self._prompt = prompt
+
+    def _ending(self, error: Optional[BaseException]) -> None:
+        if error is not None:
+            # A generate call that raised is no turn of the trajectory (the legacy JSONL
+            # only ever recorded calls that returned); its span keeps the error.
+            _forget_turn(self._traj_data, self.data)
+
+    def _ended(self, error: Optional[BaseException]) -> None:
+        data = self.data
+        if not data.end_ts:
+            data.end_ts = time.time()
 
     def carrier(self) -> Dict[str, str]:
         """W3C headers of this turn's span, for the server side (``traceparent``...)."""
@@ -267,6 +269,9 @@ def _finish_reasons(reason: str) -> "tuple[str]":
 _NUMBER_TYPES = frozenset((float, int))
 _NULL_TURN = Turn(None, None)
 _UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
+# (module constants: an enum member read off its class costs a lookup per span)
+_TRAJECTORY, _LLM_CALL, _TOOL, _REWARD = Kind.TRAJECTORY, Kind.LLM_CALL, Kind.TOOL, Kind.REWARD
+_CLIENT = SpanKind.CLIENT
 
 
 def llm_call(
@@ -286,8 +291,7 @@ def llm_call(
         return _UNTRACED_TURN
     try:
         turns = traj.data.turns
-        data = TurnData(prompt_ids=kept_prompt(prompt_ids, turns[-1] if turns else None), start_ts=time.time(),
-                        prompt_token_count=len(prompt_ids), server_meta=NO_SERVER_META)
+        data = TurnData.started(kept_prompt(prompt_ids, turns[-1] if turns else None), time.time(), len(prompt_ids))
         try:
             name, model_attributes = _model_call(operation, provider, model)
         except TypeError:  # an unhashable argument
@@ -309,12 +313,13 @@ def llm_call(
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
         return _UNTRACED_TURN
-    span = _start_guarded(name, Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
+    span = _start_guarded(name, _LLM_CALL, None, attrs, kind=_CLIENT, data=data)
     if span is None:
         return _UNTRACED_TURN
     turns.append(data)
-    turn = Turn(span, data, traj.data.decode, prompt_ids) if _capturing_content() else Turn(span, data)
-    return _TurnScope(span, turn, traj.data)
+    if _capturing_content():
+        return Turn(span, data, traj.data, traj.data.decode, prompt_ids)
+    return Turn(span, data, traj.data)
 
 
 @functools.lru_cache(maxsize=64, typed=True)
@@ -326,25 +331,6 @@ def _model_call(operation: Any, provider: Any, model: Any) -> "tuple[str, Dict[s
     if model:
         attrs[sc.GEN_AI_REQUEST_MODEL] = model
     return sc.llm_span_name(operation, model), attrs  # (copied into each call's attributes, never changed)
-
-
-class _TurnScope(SpanScope):
-    __slots__ = ("_traj_data",)
-
-    def __init__(self, span: Any, turn: Turn, traj_data: TrajectoryData) -> None:
-        super().__init__(span, turn, _current_turn, turn)
-        self._traj_data = traj_data
-
-    def _ending(self, error: Optional[BaseException]) -> None:
-        if error is not None:
-            # A generate call that raised is no turn of the trajectory (the legacy JSONL
-            # only ever recorded calls that returned); its span keeps the error.
-            _forget_turn(self._traj_data, self.value.data)
-
-    def _ended(self, error: Optional[BaseException]) -> None:
-        data = self.value.data
-        if not data.end_ts:
-            data.end_ts = time.time()
 
 
 def _forget_turn(traj_data: TrajectoryData, turn_data: TurnData) -> None:
@@ -392,14 +378,17 @@ def tool_call(
     except Exception as exc:
         health.record_failure("events.tool_call", exc)
         return _UNTRACED
-    return SpanScope(_start_guarded(sc.tool_span_name(name), Kind.TOOL, None, attrs))
+    return SpanScope(_start_guarded(sc.tool_span_name(name), _TOOL, None, attrs))
 
 
-class RewardHandle:
-    __slots__ = ("span", "traj", "scored")
+class RewardHandle(SpanScope):
+    """What :func:`reward` yields (the ``with`` block of the reward span, one object a
+    reward): the caller reports the score through it."""
 
-    def __init__(self, span: Any, traj: Optional[_Trajectory]) -> None:
-        self.span = span
+    __slots__ = ("traj", "scored")
+
+    def __init__(self, span: Any, traj: Optional[_TrajectoryScope]) -> None:
+        super().__init__(span, SELF)
         self.traj = traj
         self.scored: Optional[float] = None  # the score put on the span
 
@@ -414,29 +403,21 @@ class RewardHandle:
             set_trusted(self.span, sc.REWARD_SCORE, score)
             self.scored = score
 
+    def _ended(self, error: Optional[BaseException]) -> None:
+        if self.span is not None and self.scored is not None:
+            self.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), self.scored)
+
+
+_NO_REWARD = contextlib.nullcontext(RewardHandle(None, None))  # outside a traced trajectory
+
 
 def reward() -> ContextManager[RewardHandle]:
     """Reward computation for the current trajectory, inside the rollout worker."""
     traj = _active_traj()
     if traj is None:
-        return contextlib.nullcontext(RewardHandle(None, None))
-    span = _start_guarded(
-        sc.SPAN_REWARD,
-        Kind.REWARD,
-        None,
-        dict(traj.sample_attributes),
-        data=traj.data,
-    )
-    return _RewardScope(span, RewardHandle(span, traj))
-
-
-class _RewardScope(SpanScope):
-    __slots__ = ()
-
-    def _ended(self, error: Optional[BaseException]) -> None:
-        handle = self.value
-        if self.span is not None and handle.scored is not None:
-            handle.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), handle.scored)
+        return _NO_REWARD
+    # (no record data: the reward's rows and score go with the trajectory's end)
+    return RewardHandle(_start_guarded(sc.SPAN_REWARD, _REWARD, None, dict(traj.sample_attributes)), traj)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:
@@ -445,4 +426,4 @@ def current_trajectory() -> Optional[TrajectoryData]:
 
 
 def current_turn() -> Optional[Turn]:
-    return _current_turn.get()
+    return current_span.value(_TURN_KEY)

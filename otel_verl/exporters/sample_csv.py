@@ -396,11 +396,17 @@ class ValidationScope:
         return False
 
     def left(self, span: Any) -> bool:
-        """At span end: whether the span belonged to a validation sample (forgets it)."""
-        if self._span_ids:
+        """At span end: whether the span belonged to a validation sample (forgets it).
+        A span whose start this scope did not see (a kind no row is written for at
+        its start) belongs to one when its parent, still open, does."""
+        span_ids = self._span_ids
+        if span_ids:
             span_id = span.context.span_id
-            if span_id in self._span_ids:
-                self._span_ids.discard(span_id)
+            if span_id in span_ids:
+                span_ids.discard(span_id)
+                return True
+            parent = span.parent
+            if parent is not None and parent.span_id in span_ids:
                 return True
         return bool(_attrs(span).get(sc.VALIDATE))
 
@@ -422,8 +428,10 @@ def write_discovery_file(path: Optional[str], directory: str) -> None:
 class SampleCsvProcessor(SpanProcessor):
     """Writes the sample-flow CSV rows of the spans of this process."""
 
-    # Every span of the events API (the validation scope follows all of them), no other.
-    on_start_kinds = on_end_kinds = frozenset(Kind)
+    # The starts it writes rows for (the validation scope finds the other spans of a
+    # validation sample through their open parent when they end); every end of the events API.
+    on_start_kinds = frozenset(_ON_START)
+    on_end_kinds = frozenset(Kind)
 
     def __init__(
         self,

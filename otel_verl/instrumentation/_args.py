@@ -81,8 +81,11 @@ class ArgReader:
         # ((function, unbound?), names of the parameters args holds): one object
         self._learned: Tuple[Any, Tuple[str, ...]] = (None, ())
 
-    def __call__(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any]) -> Tuple[Any, ...]:
+    def read(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Tuple[Any, ...]:
+        """The arguments, in the order of ``names``. (Hot call sites call this method
+        by name: calling the reader itself goes through a slot wrapper, a few times
+        dearer.)"""
         if not args:  # all by keyword
             return tuple(map(kwargs.get, self.names))
         key = (getattr(wrapped, "__func__", wrapped), instance is None)  # a bound method's function
@@ -92,6 +95,19 @@ class ArgReader:
         values = dict(zip(learned[1], args))
         values.update(kwargs)
         return tuple(map(values.get, self.names))
+
+    def with_self(self, wrapped: Callable[..., Any], instance: Any, args: Tuple[Any, ...],
+                  kwargs: Dict[str, Any]) -> Tuple[Any, Tuple[Any, ...]]:
+        """``(self of the call, the arguments)``: self as :func:`bound` finds it."""
+        values = self.read(wrapped, instance, args, kwargs)
+        if instance is None:
+            target = getattr(wrapped, "__wrapped__", wrapped)
+            instance = getattr(target, "__self__", None)
+            if instance is None and args and _positions(target)[1]:
+                instance = args[0]  # an unbound method through a plain function wrapper
+        return instance, values
+
+    __call__ = read
 
 
 def _positional_names(wrapped: Callable[..., Any], instance: Any) -> Tuple[str, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, List
 
 from otel_verl import bootstrap, carriers, events, health
-from otel_verl.instrumentation._args import arg, bound, self_and_args
+from otel_verl.instrumentation._args import ArgReader, arg, bound, self_and_args
 from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
 from otel_verl.semconv import Role
@@ -24,6 +24,10 @@ from otel_verl.semconv import Role
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 TOOL_AGENT_LOOP = "verl.experimental.agent_loop.tool_agent_loop"
 COMPONENT = "agent_loop"
+# (readers learn a function's positional parameters once: both run once per trajectory)
+_run_agent_loop_args = ArgReader(("trajectory",))
+_compute_score_args = ArgReader(("outputs",))
+_ROLE = Role.AGENT_LOOP_WORKER  # (an enum member read off its class costs a Python __getattr__ call)
 
 
 def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
@@ -63,11 +67,11 @@ async def _run_agent_loop(wrapped, instance, args, kwargs):
         carriers.pop_kwargs(kwargs)
         return await wrapped(*args, **kwargs)
     try:
-        bootstrap.ensure(Role.AGENT_LOOP_WORKER)
+        bootstrap.ensure(_ROLE)
         # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
-        # holds the wrapper: bound() finds self either way.
-        worker, values = bound(wrapped, instance, args, kwargs)
-        traj_args = _trajectory_args(worker, values.get("trajectory"), kwargs)
+        # holds the wrapper: the reader finds self either way.
+        worker, (trajectory,) = _run_agent_loop_args.with_self(wrapped, instance, args, kwargs)
+        traj_args = _trajectory_args(worker, trajectory, kwargs)
     except Exception as exc:
         health.record_failure("agent_loop._run_agent_loop", exc)
         carriers.pop_kwargs(kwargs)
@@ -133,8 +137,8 @@ def wrap_registered_agent_loops() -> List[str]:
 
 async def _compute_score(wrapped, instance, args, kwargs):
     try:
-        worker, values = bound(wrapped, instance, args, kwargs)
-        outputs = values.get("outputs") or []
+        worker, (outputs,) = _compute_score_args.with_self(wrapped, instance, args, kwargs)
+        outputs = outputs or []
         final = outputs[-1] if outputs else None
         scored_here = final is not None and final.reward_score is None and getattr(worker, "reward_loop_worker_handles", None) is not None
     except Exception as exc:

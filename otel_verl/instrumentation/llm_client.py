@@ -45,7 +45,7 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        params, prompt_ids, request_id = _generate_args(wrapped, instance, args, kwargs)
+        params, prompt_ids, request_id = _generate_args.read(wrapped, instance, args, kwargs)
         params = params or {}
         model, provider = _model_and_provider(instance)
         call = events.llm_call(

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -45,7 +45,6 @@ class OffloadSpanProcessor(SpanProcessor):
     """Runs the given outputs in a child process ("the export process") fed with this
     process's spans; see the module docs."""
 
-    on_start_kinds = frozenset(Kind)  # the outputs write rows when events-API spans start
     on_end_kinds = None  # every span: OTLP exports spans of other tracers on this provider too
 
     def __init__(
@@ -56,7 +55,11 @@ class OffloadSpanProcessor(SpanProcessor):
         batch_interval_s: float = 0.05,
         max_batch: int = 512,
         start_timeout_s: float = 60.0,
+        start_kinds: FrozenSet[Kind] = frozenset(Kind),
     ) -> None:
+        # the kinds whose start the export process's outputs read (bootstrap.output_start_kinds):
+        # any other span goes once, whole, when it ends
+        self.on_start_kinds = frozenset(start_kinds)
         self._config = config
         self._max_entries = 2 * max_pending  # two deque entries a span (see on_start)
         self._interval = batch_interval_s

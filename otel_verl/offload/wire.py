@@ -50,6 +50,8 @@ _AS_IS, _IDENTITY, _TRAJECTORY = 0, 1, 2
 _HEADER = struct.Struct(">I")
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
+# (enum members read once: off their class, each read is a Python __getattr__ call)
+_TRAJECTORY_KIND, _UNSET_CODE = Kind.TRAJECTORY, StatusCode.UNSET
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ class Snapshotter:
         if record is not None:
             kind, data = record.kind, record if type(record) in OWN_RECORD_TYPES else record.data
             if type(data) is TrajectoryData:
-                sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is Kind.TRAJECTORY else (kind._value_, _AS_IS, None)
+                sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is _TRAJECTORY_KIND else (kind._value_, _AS_IS, None)
             else:
                 sent = _record_as_is(kind, data)
         attributes, events, links, status = span._attributes, span._events, span._links, span._status
@@ -178,7 +180,7 @@ class Snapshotter:
             attributes = dict(attributes)
         events = [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None
         links = [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None
-        status = None if status._status_code is StatusCode.UNSET else (status._status_code._value_, status._description)
+        status = None if status._status_code is _UNSET_CODE else (status._status_code._value_, status._description)
         if opened is not None and opened[0] is context:
             return (END_OF, opened[1], attributes, sent, span._end_time, events, links, status, dropped)
         return (END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
