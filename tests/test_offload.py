@@ -343,6 +343,8 @@ def test_an_end_after_its_start_goes_as_what_changed_and_rebuilds_whole(max_open
     assert [s[0] for s in sent] == ([wire.START] * 2 + [wire.END_OF] * 2 if max_open else
                                     [wire.START] * 2 + [wire.END] * 2)
     assert sent[1][3] == (sent[0][9] if max_open else wire._context(ended[1].context))  # the child's parent
+    # the child's own context: its span id where its parent is named by serial
+    assert sent[1][2] == (ended[0].context.span_id if max_open else wire._context(ended[0].context))
     rebuild = wire.Rebuilder(wire.HostConfig(settings=None, resource_attributes={}, resource_schema_url="", pid=1))
     rebuilt = [rebuild.span(s) for s in pickle.loads(pickle.dumps(sent))]
     assert [what for what, _ in rebuilt] == [wire.START, wire.START, wire.END, wire.END]

@@ -10,7 +10,8 @@ same otel_verl in the same Python environment). Messages, as tuples:
 - ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened. A
   span whose start went over ends with what changed only (``END_OF`` the start's serial
   number): its name, ids, parent, kind, start time and scope are the start's; a start
-  names a parent whose start went over (still open) by that serial number;
+  names a parent whose start went over (still open) by that serial number, and then its
+  own context by its span id when the rest (trace id, flags, state) is the parent's;
 - ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
   everything sent before it has been written and exported.
 
@@ -147,9 +148,16 @@ class Snapshotter:
             else:
                 sent = _record_as_is(record.kind, data)
         opened, context, parent = self._open, span._context, span._parent
-        # a parent that is a started span here (a chat span's trajectory): named by its serial
+        # a parent that is a started span here (a chat span's trajectory): named by its
+        # serial, and the span's context by its span id where the rest is the parent's
         parent_open = opened.get(id(parent)) if parent is not None else None
-        parent_sent = parent_open[1] if parent_open is not None and parent_open[0] is parent else _context(parent)
+        if parent_open is not None and parent_open[0] is parent:
+            parent_sent = parent_open[1]
+            # (SpanContext is a tuple: trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)
+            same = context[0] == parent[0] and context[3] == parent[3] and context[4] is parent[4] and not context[2]
+            context_sent = context[1] if same else _context(context)
+        else:
+            parent_sent, context_sent = _context(parent), _context(context)
         if len(opened) < self._max_open:
             serial = self._serial = self._serial + 1
             opened[id(context)] = (context, serial)
@@ -158,7 +166,7 @@ class Snapshotter:
         # The attributes as they are when the batch is pickled (on this thread, in one C
         # call): a copy per start would be one more object a span for the cyclic GC to count.
         attributes = span._attributes
-        return (START, span._name, _context(context), parent_sent, span._kind._value_, span._start_time,
+        return (START, span._name, context_sent, parent_sent, span._kind._value_, span._start_time,
                 attributes if type(attributes) is dict else dict(attributes), self._scope(span._instrumentation_scope),
                 sent, serial)
 
@@ -255,8 +263,9 @@ def _packed_ids(ids: Any) -> Any:
     """Token ids as the bytes of an unsigned-int array (:func:`~otel_verl.record.kept_ids`,
     both ends are the same Python build): pickled as one copy, where a list pickles int
     by int. Ids that are no such ints (negative, too large, not ints) go as a list."""
-    kept = kept_ids(ids)
-    return kept.tobytes() if type(kept) is array else kept
+    if type(ids) is not array or ids.typecode != IDS_TYPECODE:  # (as kept by the events API: no call)
+        ids = kept_ids(ids)
+    return ids.tobytes() if type(ids) is array else ids
 
 
 def _unpacked_ids(sent: Any) -> list:
@@ -312,9 +321,14 @@ class Rebuilder:
             what = END
         else:
             name, ctx, parent_ctx, kind_value, start, attributes, scope_key, record = snapshot[1:9]
-            context, kind = _span_context(ctx), SpanKind(kind_value)
-            # a started parent comes as its serial
+            kind = SpanKind(kind_value)
+            # a started parent comes as its serial; then a context that is the parent's
+            # but for its span id as that id
             parent = self._open[parent_ctx][1] if type(parent_ctx) is int else _span_context(parent_ctx)
+            if type(ctx) is int:
+                context = SpanContext(parent.trace_id, ctx, False, parent.trace_flags, parent.trace_state)
+            else:
+                context = _span_context(ctx)
             scope = self._scope(scope_key)
             if what == END:
                 end_time, events, links, status, dropped = snapshot[9:]
