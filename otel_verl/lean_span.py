@@ -29,7 +29,6 @@ import os
 import threading
 import time
 import traceback
-import weakref
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional, Sequence
 
@@ -242,7 +241,6 @@ class Starter:
     reads of the tracer besides its enabled flag, read once."""
 
     def __init__(self, tracer: Any) -> None:
-        self.tracer = tracer
         self.scope = tracer._instrumentation_scope
         self.resource = tracer.resource
         self.limits = tracer._span_limits
@@ -346,17 +344,17 @@ def _always() -> bool:
     return True
 
 
-_starters: "weakref.WeakKeyDictionary[Any, Optional[Starter]]" = weakref.WeakKeyDictionary()
+_STARTER_ATTR = "_otel_verl_starter"  # where a tracer keeps its Starter
 
 
 def starter(tracer: Any) -> Optional[Starter]:
-    """The :class:`Starter` of ``tracer`` (one per tracer), or ``None`` where its spans
-    cannot be lean: a tracer that is not the SDK's, or span limits that cut attribute
-    values (the events API bounds its own texts)."""
-    try:
-        return _starters[tracer]
-    except (KeyError, TypeError):
-        pass
+    """The :class:`Starter` of ``tracer`` (one per tracer, kept on it: a cache keyed by
+    tracer would keep every tracer and its provider alive through the starter's
+    references), or ``None`` where its spans cannot be lean: a tracer that is not the
+    SDK's, or span limits that cut attribute values (the events API bounds its own texts)."""
+    made = getattr(tracer, _STARTER_ATTR, None)
+    if type(made) is Starter:
+        return made
     limits = getattr(tracer, "_span_limits", None)
     ok = bool(
         all(hasattr(tracer, name) for name in ("span_processor", "sampler", "id_generator", "resource",
@@ -365,10 +363,12 @@ def starter(tracer: Any) -> Optional[Starter]:
         and limits.max_span_attribute_length is None
         and (limits.max_span_attributes or 0) >= 64
     )
-    made = Starter(tracer) if ok else None
+    if not ok:
+        return None
+    made = Starter(tracer)
     try:
-        _starters[tracer] = made
-    except TypeError:  # not weakly referable: decide again next time
+        setattr(tracer, _STARTER_ATTR, made)
+    except AttributeError:  # a tracer that takes no attributes: a starter per call
         pass
     return made
 

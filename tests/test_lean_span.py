@@ -573,3 +573,20 @@ def test_a_forked_child_gets_fresh_locks_for_span_ends_and_carrier_arrivals():
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     provider.shutdown()
+
+
+def test_a_tracer_keeps_its_starter_and_nothing_keeps_the_tracer():
+    """One Starter per tracer, kept on the tracer: a provider nobody uses any more is
+    freed (a cache keyed by tracer would hold every tracer through its starter)."""
+    import gc
+    import weakref
+
+    provider, tracer, _ = _provider()
+    made = lean_span.starter(tracer)
+    assert made is not None and lean_span.starter(tracer) is made
+    assert lean_span.starter(provider.get_tracer("another")) is not made
+    provider.shutdown()
+    gone = weakref.ref(tracer)
+    del tracer, made, provider
+    gc.collect()
+    assert gone() is None
