@@ -230,20 +230,32 @@ _starting: contextvars.ContextVar[Optional[Tuple[str, SpanRecord]]] = contextvar
 )
 
 
+def record_for(record_kind: Kind, data: Any = None) -> Any:
+    """The record a span of ``record_kind`` carries: a turn's or a trajectory's data is
+    its own span's record; a kind's spans without data share one record (no
+    :class:`SpanRecord` per span)."""
+    if data is None:
+        return _DATALESS[record_kind]
+    if type(data) in OWN_RECORD_TYPES and data.kind is record_kind:
+        return data
+    return SpanRecord(record_kind, data)
+
+
 def start_span(tracer: Any, name: str, record_kind: Kind, data: Any = None, *, lean: Any = None,
                context: Any = None, kind: SpanKind = SpanKind.INTERNAL, attributes: Optional[Dict[str, Any]] = None,
                links: Sequence[Any] = (), **more: Any) -> Any:
-    """``tracer.start_span(name, ...)`` with the record readable from on_start on: a
-    :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it (``lean``: the
-    tracer's :func:`~otel_verl.lean_span.starter` or ``False``, when the caller has it)."""
-    # a turn's or a trajectory's data is its own span's record; a kind's spans without
-    # data share one record (no SpanRecord per span)
-    if data is None:
-        record = _DATALESS[record_kind]
-    elif type(data) in OWN_RECORD_TYPES and data.kind is record_kind:
-        record = data
-    else:
-        record = SpanRecord(record_kind, data)
+    """``tracer.start_span(name, ...)`` with the record (:func:`record_for`) readable from
+    on_start on: a :class:`~otel_verl.lean_span.LeanSpan` where the tracer allows it
+    (``lean``: the tracer's :func:`~otel_verl.lean_span.starter` or ``False``, when the
+    caller has it)."""
+    return start_recorded(tracer, name, record_for(record_kind, data), lean=lean, context=context, kind=kind,
+                          attributes=attributes, links=links, **more)
+
+
+def start_recorded(tracer: Any, name: str, record: Any, *, lean: Any = None, context: Any = None,
+                   kind: SpanKind = SpanKind.INTERNAL, attributes: Optional[Dict[str, Any]] = None,
+                   links: Sequence[Any] = (), **more: Any) -> Any:
+    """:func:`start_span` for a record the caller made (:func:`record_for`)."""
     if lean is None:
         lean = lean_span.starter(tracer)
     if lean and not more:  # (a start time and the like: the tracer's own span)

@@ -173,8 +173,12 @@ def test_report_numbers_match_the_spans(demo):
         assert entry["tool_s"] == pytest.approx(sum(map(_dur, tools)))
         assert entry["reward_s"] == pytest.approx(sum(map(_dur, rewards)))
         assert entry["other_s"] == pytest.approx(_dur(traj) - entry["llm_s"] - entry["tool_s"] - entry["reward_s"])
-        # the server's split, from the verl.llm.server.* attributes the chat spans carry
-        meta = [{k.rsplit(".", 1)[1]: v for k, v in c["attributes"].items() if k.startswith("verl.llm.server.")} for c in chats]
+        # the server's split, from the verl.llm.server.* attributes of the chats' server spans
+        servers = [[s for s in spans if s["parentSpanId"] == c["spanId"] and s["name"] == "verl.llm_server.generate"]
+                   for c in chats]
+        assert all(len(found) == 1 for found in servers)
+        meta = [{k.rsplit(".", 1)[1]: v for k, v in found[0]["attributes"].items() if k.startswith("verl.llm.server.")}
+                for found in servers]
         server = entry["llm_server_s"]
         assert server is not None, "the sglang stand-in reports per-request timing"
         assert server["e2e"] == pytest.approx(sum(m["e2e_latency"] for m in meta))

@@ -192,7 +192,7 @@ def test_the_end_of_fit_never_raises_into_verl():
     assert "fit_end" in str(health.snapshot()["failures"])
 
 
-def test_only_numeric_server_meta_becomes_span_attributes(make_pipeline):
+def test_only_numeric_server_meta_becomes_server_span_attributes(make_pipeline):
     from otel_verl import events
 
     pipeline = make_pipeline()
@@ -204,6 +204,7 @@ def test_only_numeric_server_meta_becomes_span_attributes(make_pipeline):
                 call.record_meta(meta)
             turn.finish([3], stop_reason="stop", server_meta=meta)
     by_name = {s.name: dict(s.attributes) for s in pipeline.spans()}
-    for name in ("chat m", "verl.llm_server.generate"):
-        kept = {k[len("verl.llm.server."):]: v for k, v in by_name[name].items() if k.startswith("verl.llm.server.")}
-        assert kept == {"e2e_latency": 0.5, "queue_time": 0.25, "cached_tokens": 3}  # no bool, str or np.int64
+    kept = {name: {k[len("verl.llm.server."):]: v for k, v in attrs.items() if k.startswith("verl.llm.server.")}
+            for name, attrs in by_name.items()}
+    assert kept["verl.llm_server.generate"] == {"e2e_latency": 0.5, "queue_time": 0.25, "cached_tokens": 3}  # no bool, str or np.int64
+    assert kept["chat m"] == {}  # on the server's span only (the turn keeps them for the JSONL)

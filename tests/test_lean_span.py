@@ -590,3 +590,21 @@ def test_a_tracer_keeps_its_starter_and_nothing_keeps_the_tracer():
     del tracer, made, provider
     gc.collect()
     assert gone() is None
+
+
+def test_a_disabled_tracer_starts_no_lean_span_until_enabled_again():
+    """The SDK's tracer config (replaced when a provider is reconfigured) is followed by
+    every start, as ``tracer.start_span`` does."""
+    from opentelemetry.sdk.trace import _TracerConfig
+
+    _, tracer, exporter = _provider()
+    start = lean_span.starter(tracer).start
+    tracer._set_tracer_config(_TracerConfig(is_enabled=False))
+    off = start("s", SpanRecord(Kind.TOOL), context=_remote_parent())
+    assert type(off) is NonRecordingSpan and not off.is_recording()
+    assert off.get_span_context().span_id == 0xDEF  # the parent's, as the SDK gives it
+    tracer._set_tracer_config(_TracerConfig(is_enabled=True))
+    on = start("s", SpanRecord(Kind.TOOL))
+    assert type(on) is lean_span.LeanSpan
+    on.end()
+    assert [s.name for s in exporter.get_finished_spans()] == ["s"]

@@ -14,7 +14,7 @@ from otel_verl.events._core import (
     _is_number,
     _text,
     _start_guarded,
-    SpanScope,
+    KeyedScope,
 )
 
 
@@ -47,7 +47,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
     parent = carriers.context_from(headers) if headers else None
     if rt is None or parent is None:
         call = ServerCall(None, headers)
-        return SpanScope(None, call, _SERVER_CALL_KEY, call)
+        return KeyedScope(None, call, _SERVER_CALL_KEY, call)
     span = _start_guarded(
         sc.SPAN_LLM_SERVER,
         Kind.LLM_SERVER,
@@ -56,7 +56,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         kind=SpanKind.SERVER,
     )
     call = ServerCall(span, headers)
-    return SpanScope(span, call, _SERVER_CALL_KEY, call)
+    return KeyedScope(span, call, _SERVER_CALL_KEY, call)
 
 
 def current_server_call() -> Optional[ServerCall]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import time
 from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
 
@@ -12,7 +13,7 @@ from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, current_span, health, semconv as sc
 from otel_verl.ids import id_str
-from otel_verl.record import NO_SERVER_META, TrajectoryData, TurnData, kept_ids, kept_prompt, start_span, token_list
+from otel_verl.record import NO_SERVER_META, TrajectoryData, TurnData, kept_ids, kept_prompt, record_for, token_list
 from otel_verl.lean_span import set_trusted, set_trusted_many
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
@@ -20,11 +21,10 @@ from otel_verl.events._core import (
     SELF,
     _text,
     _capturing_content,
-    _is_number,
     _content,
     _messages_json,
     _sample_root_context,
-    _start_guarded,
+    _start_recorded,
     SpanScope,
 )
 
@@ -67,7 +67,7 @@ def trajectory(
     if rt is None:
         return _UNTRACED
     if validate and not rt.settings.trace_validation:
-        return SpanScope(None, None, _TRAJ_KEY, _SUPPRESSED)
+        return _SuppressedTrajectory(None)
     try:
         uid_s, traj_s = id_str(uid), id_str(traj_uid)
         agent_name = _text(agent_name)
@@ -87,8 +87,9 @@ def trajectory(
             attrs[sc.WORKER_INDEX] = int(worker_index)
         if validate:
             attrs[sc.VALIDATE] = True
-        span = start_span(rt.tracer, sc.agent_span_name(agent_name), _TRAJECTORY, data, lean=rt.lean_spans,
-                          context=parent_ctx, attributes=attrs)
+        span = _start_recorded(sc.agent_span_name(agent_name), data, parent_ctx, attrs)  # (the data is its record)
+        if span is None:  # (counted)
+            return _UNTRACED
         return _TrajectoryScope(span, data, worker_index, sample_attributes)
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
@@ -98,15 +99,25 @@ def trajectory(
 _UNTRACED = contextlib.nullcontext()  # a block that is not traced (gets None)
 
 
+class _SuppressedTrajectory(SpanScope):
+    """A validation trajectory that is not traced: everything inside it is silent."""
+
+    __slots__ = ()
+    key, key_value = _TRAJ_KEY, _SUPPRESSED
+
+
 class _TrajectoryScope(SpanScope):
-    """A trajectory while it runs: its span's ``with`` block and what the spans inside it
-    read (the ``_TRAJ_KEY`` value; one object a trajectory)."""
+    """A trajectory while it runs: its span's ``with`` block (which gets the trajectory's
+    data) and what the spans inside it read (the ``_TRAJ_KEY`` value; one object a
+    trajectory)."""
 
     __slots__ = ("data", "agent_loop_class", "worker_index", "sample_attributes")
+    key, key_value = _TRAJ_KEY, SELF
+    value = property(operator.attrgetter("data"))  # (read once, as the block starts)
 
     def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
                  sample_attributes: Dict[str, Any]) -> None:
-        super().__init__(span, data, _TRAJ_KEY, SELF)
+        self.span = span
         self.data = data
         self.agent_loop_class: Optional[str] = None
         self.worker_index = worker_index
@@ -176,18 +187,15 @@ class Turn(SpanScope):
     """What :func:`llm_call` yields (the ``with`` block of the call's span, one object a
     call): the caller reports the response through it."""
 
-    __slots__ = ("data", "_traj_data", "_carrier", "_decode", "_prompt")
+    __slots__ = ("data", "_traj_data", "_carrier")
+    value, key, key_value = SELF, _TURN_KEY, SELF
+    _decode: Any = None  # (see _CapturingTurn)
 
-    def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
-                 decode: Any = None, prompt: Any = None) -> None:
-        super().__init__(span, SELF, _TURN_KEY, SELF)
+    def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None) -> None:
+        self.span = span
         self.data = data
         self._traj_data = traj_data
         self._carrier: Optional[Dict[str, str]] = None
-        # only when content capture is on: the tokenizer's decode and the whole prompt
-        # (the record keeps the part the outputs read)
-        self._decode = decode
-        self._prompt = prompt
 
     def _ending(self, error: Optional[BaseException]) -> None:
         if error is not None:
@@ -214,8 +222,10 @@ class Turn(SpanScope):
         output_tokens: Optional[int] = None,
         server_meta: Optional[Mapping[str, Any]] = None,
     ) -> None:
-        """The call's response (never raises: a failure is counted). A ``server_meta``
-        dict is taken over, not copied: the caller does not change it afterwards."""
+        """The call's response (never raises: a failure is counted). ``server_meta``, the
+        server's per-request timing, goes to the trajectory JSONL, not on this span (the
+        server's own span, a child of this one, carries it); a dict is taken over, not
+        copied: the caller does not change it afterwards."""
         data = self.data
         if data is None:
             return
@@ -229,21 +239,30 @@ class Turn(SpanScope):
             if reason:
                 attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = _finish_reasons(reason)
             if server_meta:
+                # For the trajectory JSONL only: the server span (this span's child) has them
+                # as attributes already. Taken over as the first report (see the docs); a
+                # later one merges into a copy.
                 old = data.server_meta
-                # taken over as the first report (see the docs); a later one merges into a copy
-                meta = data.server_meta = server_meta if old is NO_SERVER_META and type(server_meta) is dict else {
+                data.server_meta = server_meta if old is NO_SERVER_META and type(server_meta) is dict else {
                     **old, **server_meta}
-                if _NUMBER_TYPES.issuperset(map(type, meta.values())):  # the usual case, in C
-                    attrs.update(zip(map(sc.llm_server_meta_attribute, meta), meta.values()))
-                else:
-                    for key, value in meta.items():
-                        if _is_number(value):  # as the server kept them
-                            attrs[sc.llm_server_meta_attribute(key)] = value
             set_trusted_many(self.span, attrs)
             if self._decode is not None:
                 self._capture_content(self.span, data)
         except Exception as exc:
             health.record_failure("worker.Turn.finish", exc)
+
+
+
+class _CapturingTurn(Turn):
+    """A :class:`Turn` while content capture is on: it keeps the tokenizer's decode and
+    the whole prompt (the record keeps only the part the outputs read)."""
+
+    __slots__ = ("_decode", "_prompt")
+
+    def __init__(self, span: Any, data: TurnData, traj_data: TrajectoryData, decode: Any, prompt: Any) -> None:
+        super().__init__(span, data, traj_data)
+        self._decode = decode
+        self._prompt = prompt
 
     def _capture_content(self, span: Any, data: TurnData) -> None:
         """Opt-in content: the decoded prompt and completion as GenAI messages."""
@@ -266,11 +285,10 @@ def _finish_reasons(reason: str) -> "tuple[str]":
     return (_text(reason),)
 
 
-_NUMBER_TYPES = frozenset((float, int))
 _NULL_TURN = Turn(None, None)
 _UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
 # (module constants: an enum member read off its class costs a lookup per span)
-_TRAJECTORY, _LLM_CALL, _TOOL, _REWARD = Kind.TRAJECTORY, Kind.LLM_CALL, Kind.TOOL, Kind.REWARD
+_TOOL_RECORD, _REWARD_RECORD = record_for(Kind.TOOL), record_for(Kind.REWARD)  # (no record data: one record each)
 _CLIENT = SpanKind.CLIENT
 
 
@@ -313,12 +331,12 @@ def llm_call(
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
         return _UNTRACED_TURN
-    span = _start_guarded(name, _LLM_CALL, None, attrs, kind=_CLIENT, data=data)
+    span = _start_recorded(name, data, None, attrs, _CLIENT)  # (the data is its record)
     if span is None:
         return _UNTRACED_TURN
     turns.append(data)
     if _capturing_content():
-        return Turn(span, data, traj.data, traj.data.decode, prompt_ids)
+        return _CapturingTurn(span, data, traj.data, traj.data.decode, prompt_ids)
     return Turn(span, data, traj.data)
 
 
@@ -378,7 +396,7 @@ def tool_call(
     except Exception as exc:
         health.record_failure("events.tool_call", exc)
         return _UNTRACED
-    return SpanScope(_start_guarded(sc.tool_span_name(name), _TOOL, None, attrs))
+    return SpanScope(_start_recorded(sc.tool_span_name(name), _TOOL_RECORD, None, attrs))
 
 
 class RewardHandle(SpanScope):
@@ -386,9 +404,10 @@ class RewardHandle(SpanScope):
     reward): the caller reports the score through it."""
 
     __slots__ = ("traj", "scored")
+    value = SELF
 
     def __init__(self, span: Any, traj: Optional[_TrajectoryScope]) -> None:
-        super().__init__(span, SELF)
+        self.span = span
         self.traj = traj
         self.scored: Optional[float] = None  # the score put on the span
 
@@ -417,7 +436,7 @@ def reward() -> ContextManager[RewardHandle]:
     if traj is None:
         return _NO_REWARD
     # (no record data: the reward's rows and score go with the trajectory's end)
-    return RewardHandle(_start_guarded(sc.SPAN_REWARD, _REWARD, None, dict(traj.sample_attributes)), traj)
+    return RewardHandle(_start_recorded(sc.SPAN_REWARD, _REWARD_RECORD, None, dict(traj.sample_attributes)), traj)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:

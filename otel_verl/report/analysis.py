@@ -8,8 +8,8 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
 - **rollout latency**: durations of the trajectory spans (``invoke_agent ...``) per
   ``verl.global_step``; validation trajectories (``verl.validate``) are left out.
 - **slowest trajectories**: the trajectory span split into LLM time (its ``chat`` /
-  ``text_completion`` spans, with the server's queue / prefill / decode from their
-  ``verl.llm.server.*`` attributes), tool time (``execute_tool`` spans), reward
+  ``text_completion`` spans, with the server's queue / prefill / decode from the
+  ``verl.llm.server.*`` attributes of their ``verl.llm_server.generate`` children), tool time (``execute_tool`` spans), reward
   (``verl.reward`` spans) and the rest.
 - **samples**: ``verl.sample`` roots by outcome; a uid seen in worker spans or the
   sample-flow CSV without a finished root (and without a ``COMPLETE`` CSV row) never finished.
@@ -80,13 +80,14 @@ def _union_s(intervals: Iterable[Tuple[int, int]]) -> float:
     return total / NS
 
 
-def server_split(llm_span: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """The server's view of one LLM call, in seconds, from ``verl.llm.server.*``:
+def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The server's view of one LLM call, in seconds, from the ``verl.llm.server.*``
+    attributes of its server span:
     ``e2e``, ``queue`` (queue_time), ``prefill`` (time to first token minus queue, where
     ttft = prefill_finished_ts - request_received_ts; prefill_launch_latency when the
     timestamps are missing) and ``decode`` (e2e - queue - prefill, at least 0).
     ``None`` when the server reported no e2e_latency."""
-    attrs = llm_span["attributes"]
+    attrs = server_span["attributes"]
 
     def meta(key: str) -> Optional[float]:
         value = attrs.get(sc.LLM_SERVER_META_PREFIX + key)
@@ -194,7 +195,7 @@ def trajectory_split(traj: Dict[str, Any], index: _Index) -> Dict[str, Any]:
     llm_s = sum(duration_s(s) for s in llm)
     tool_s = sum(duration_s(s) for s in tools)
     reward_s = sum(duration_s(s) for s in rewards)
-    splits = [server_split(s) for s in llm]
+    splits = [server_split(_server_span_of(s, index)) for s in llm]
     server = None
     if llm and all(splits):
         server = {key: sum(s[key] for s in splits) for key in ("e2e", "queue", "prefill", "decode")}
@@ -214,6 +215,15 @@ def trajectory_split(traj: Dict[str, Any], index: _Index) -> Dict[str, Any]:
         "reward_s": reward_s,
         "other_s": total - llm_s - tool_s - reward_s,
     }
+
+
+def _server_span_of(llm_span: Dict[str, Any], index: _Index) -> Dict[str, Any]:
+    """The LLM call's server span (its ``verl.llm_server.generate`` child), else the
+    call's own span (earlier otel_verl builds put the server's timing there too)."""
+    for child in index.children.get((llm_span["traceId"], llm_span["spanId"]), ()):
+        if child["name"] == sc.SPAN_LLM_SERVER:
+            return child
+    return llm_span
 
 
 def slowest_section(trajectories: List[Dict[str, Any]], index: _Index, top: int) -> List[Dict[str, Any]]:
