@@ -217,3 +217,19 @@ def test_sglang_http_server_generate_runs_verl_method(model_dir):
     import importlib.util
 
     assert importlib.util.find_spec("sglang") is None  # uninstall() removed the stand-in
+
+
+def test_the_engine_stand_in_continues_a_resumed_partial_reply():
+    """A request aborted mid-decode comes back with its partial reply appended to the
+    prompt: the stand-in engine goes on from there, as sglang does (a fresh reply would
+    leave a broken tool call before a whole one in the response)."""
+    from otel_verl.demo.llm_server_standin import IM_END, IM_START, _continuation
+
+    reply = 'I will add 3 and 4 with the calculator.\n<tool_call>\n{"name": "calculator"}\n</tool_call>'
+    prompt = f"{IM_START}user\nAdd 3 and 4{IM_END}\n{IM_START}assistant\n"
+    assert _continuation(prompt, reply) == reply  # a new turn
+    partial = reply[:50]
+    assert partial + _continuation(prompt + partial, reply) == reply
+    assert _continuation(prompt + "something else", reply) == reply  # not this reply's start: a fresh one
+    done = f"{prompt}{reply}{IM_END}\n{IM_START}user\n<tool_response>7</tool_response>{IM_END}\n{IM_START}assistant\n"
+    assert _continuation(done, "The total is 7") == "The total is 7"

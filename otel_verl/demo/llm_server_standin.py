@@ -158,6 +158,18 @@ class ScriptedPolicyStandIn:
         return "answer", f"{source} {answer}.\n#### {answer}"
 
 
+def _continuation(prompt_text: str, reply: str) -> str:
+    """What is left of ``reply`` after the partial reply the prompt ends with: a request
+    aborted mid-decode (a weight sync) is resumed with its tokens so far appended to
+    the prompt, and the engine goes on from there (a fresh reply would make the
+    response a broken tool call followed by a whole one)."""
+    tail = prompt_text.rsplit(IM_START, 1)[-1]
+    if not tail.startswith("assistant\n") or IM_END in tail:
+        return reply  # a new turn
+    partial = tail[len("assistant\n"):]
+    return reply[len(partial):] if partial and reply.startswith(partial) else reply
+
+
 def _aborted_output(rid: Any, output_ids: List[int], received_ts: float) -> Dict[str, Any]:
     now = time.time()
     meta_info = {
@@ -247,6 +259,7 @@ class TokenizerManagerStandIn:
             prefill_launch_ts = time.time()
             prompt_text = self.tokenizer.decode(input_ids)
             kind, text = self.policy.respond(prompt_text, self.policy.variant(input_ids, sampling_params.get("temperature", 1.0)))
+            text = _continuation(prompt_text, text)
             output_ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.im_end_id]
             finish_reason: Dict[str, Any] = {"type": "stop", "matched": self.im_end_id}
             if max_new_tokens is not None and len(output_ids) > int(max_new_tokens):

@@ -252,7 +252,6 @@ class Turn(SpanScope):
             health.record_failure("worker.Turn.finish", exc)
 
 
-
 class _CapturingTurn(Turn):
     """A :class:`Turn` while content capture is on: it keeps the tokenizer's decode and
     the whole prompt (the record keeps only the part the outputs read)."""
