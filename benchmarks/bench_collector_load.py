@@ -141,7 +141,9 @@ def _time_exports(provider: Any) -> Dict[str, float]:
     totals = {"export_cpu_s": 0.0, "export_calls": 0, "bsp_max_queue_size": None, "bsp_max_export_batch_size": None}
     from otel_verl.sampling import DropCountingProcessor
 
-    for processor in getattr(provider._active_span_processor, "_span_processors", ()):
+    from otel_verl import bootstrap
+
+    for processor in bootstrap.span_processors():
         if not isinstance(processor, DropCountingProcessor):
             continue
         inner = getattr(processor._bsp, "_batch_processor", None)

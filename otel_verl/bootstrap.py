@@ -36,6 +36,7 @@ logger = logging.getLogger("otel_verl")
 
 _lock = threading.RLock()
 _provider: Any = None
+_processors: Any = None  # its IsolatingSpanProcessor
 _settings: Optional[settings_mod.Settings] = None
 _legacy: List[Any] = []  # legacy processors, flushed on shutdown
 _atexit_registered = False
@@ -103,6 +104,11 @@ def provider() -> Any:
     return _provider
 
 
+def span_processors() -> tuple:
+    """The span processors of the provider :func:`configure` built (empty before)."""
+    return _processors.processors if _processors is not None and _provider is not None else ()
+
+
 def _role_value(role: "Role | str | None") -> str:
     if role is None:
         role = os.environ.get(settings_mod.ROLE) or Role.WORKER
@@ -122,12 +128,14 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
 
     id_generator = UidIdGenerator()
     sampler = record_dropped_samples()
+    global _processors
+    _processors = IsolatingSpanProcessor()
     tracer_provider = TracerProvider(
         resource=_resource(role),
         sampler=sampler,
         id_generator=id_generator,
         # a raising span processor is counted (health), never raised into training code
-        active_span_processor=IsolatingSpanProcessor(),
+        active_span_processor=_processors,
     )
     if cfg.offloads(role):
         tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))

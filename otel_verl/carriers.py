@@ -14,7 +14,6 @@ runtime env lost the job's setup hook still starts tracing on the first traced d
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections import OrderedDict
@@ -130,27 +129,11 @@ def _activation_env() -> Optional[Dict[str, str]]:
 
 
 def headers_of(span: Any) -> Dict[str, str]:
-    """The W3C headers of ``span``: what ``TraceContextTextMapPropagator.inject`` writes,
-    formatted here (once per LLM turn: the propagator's context and setter calls cost
-    more than the string)."""
-    ctx = span.get_span_context()
-    # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state,
-    # is_valid): indexing it is C, its properties are Python calls
-    if not ctx[5]:
-        return {}
-    # (a trace's prefix once; int.__format__ with a width costs more than bytes.hex)
-    headers = {"traceparent": _traceparent_prefix(ctx[0]) + ctx[1].to_bytes(8, "big").hex() + _FLAGS_SUFFIX[ctx[3]]}
-    if ctx[4]:
-        headers["tracestate"] = ctx[4].to_header()
+    """The W3C headers of ``span`` (``traceparent``, ``tracestate``); empty when it has no
+    valid context."""
+    headers: Dict[str, str] = {}
+    _propagator.inject(headers, context=trace.set_span_in_context(span))
     return headers
-
-
-@functools.lru_cache(maxsize=4096)
-def _traceparent_prefix(trace_id: int) -> str:
-    return f"00-{trace_id:032x}-"
-
-
-_FLAGS_SUFFIX = tuple(f"-{flags:02x}" for flags in range(256))
 
 
 def context_from(carrier: Any) -> Optional[otel_context.Context]:
@@ -167,25 +150,7 @@ def context_from(carrier: Any) -> Optional[otel_context.Context]:
         headers = {"traceparent": carrier}
     else:
         return None
-    traceparent = headers.get("traceparent")
-    if isinstance(traceparent, str):  # what the W3C trace-context propagator reads: the pair
-        tracestate = headers.get("tracestate")
-        if tracestate is None or isinstance(tracestate, str):
-            return _context_of(traceparent, tracestate)
-    return _valid_or_none(_propagator.extract(headers))
-
-
-@functools.lru_cache(maxsize=4096)
-def _context_of(traceparent: str, tracestate: Optional[str]) -> Optional[otel_context.Context]:
-    # The rows of one prompt share their parent's headers: parse them once (a Context is
-    # immutable, so one object serves them all).
-    headers = {"traceparent": traceparent}
-    if tracestate is not None:
-        headers["tracestate"] = tracestate
-    return _valid_or_none(_propagator.extract(headers))
-
-
-def _valid_or_none(ctx: otel_context.Context) -> Optional[otel_context.Context]:
+    ctx = _propagator.extract(headers)
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 

@@ -90,9 +90,6 @@ def _key(context: Any) -> Tuple[int, int]:
 
 # --------------------------------------------------------------------------- rollout worker data
 
-NO_SERVER_META: Mapping[str, float] = {}  # a turn's until the server reports (never changed)
-
-
 @dataclass
 class TurnData:
     """One LLM generate call of a trajectory, as the trajectory JSONL needs it."""

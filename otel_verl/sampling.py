@@ -17,10 +17,13 @@
 from __future__ import annotations
 
 import contextvars
-import random
+import logging
+import os
+import time
+from importlib.metadata import entry_points
 from typing import Any, Optional, Sequence, Tuple
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
@@ -30,17 +33,13 @@ from opentelemetry.sdk.trace.sampling import (
     ParentBased,
     Sampler,
     SamplingResult,
-    StaticSampler,
     TraceIdRatioBased,
-    _get_from_env_or_default,
 )
-from opentelemetry.trace import INVALID_SPAN_ID
 
 from otel_verl import health
-from otel_verl.lean_span import RECORD_ATTR
-from otel_verl.record import record_of
+from otel_verl.payload import payload_of
 
-_random_bits = random.getrandbits
+logger = logging.getLogger("otel_verl")
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
 
@@ -59,8 +58,7 @@ class UidIdGenerator(RandomIdGenerator):
         if ids is not None:
             _next_ids.set(None)  # the root's span id is used once; its children get random ids
             return ids[1]
-        span_id = _random_bits(64)  # as RandomIdGenerator (its random module), one call less a span
-        return span_id if span_id != INVALID_SPAN_ID else super().generate_span_id()
+        return super().generate_span_id()
 
     def is_trace_id_random(self) -> bool:
         return False
@@ -85,23 +83,15 @@ class RecordDroppedSamples(Sampler):
     """``inner``'s decision on the mixed trace id, with DROP turned into RECORD_ONLY."""
 
     def __init__(self, inner: Sampler) -> None:
-        self._inner = inner
-        # Whether a span started under a recording local parent gets the parent's
-        # sampled flag and trace state: true of every sampler OTEL_TRACES_SAMPLER names
-        # (parent-based ones by their defaults for local parents, the others decide on
-        # the trace id alone), so lean spans may skip asking (otel_verl.lean_span).
-        self.follows_local_parent = _follows_local_parent(inner)
-        # The same for a remote parent (a carrier's context): only a parent-based sampler
-        # whose remote delegates are its defaults gives the parent's decision.
-        self.follows_remote_parent = _follows_remote_parent(inner)
+        self.inner = inner
 
     def is_sampled(self, trace_id: int) -> bool:
         """The root decision for a trace (used where a parent must be synthesised)."""
-        result = self._inner.should_sample(None, mixed_trace_id(trace_id), "verl.sample")
+        result = self.inner.should_sample(None, mixed_trace_id(trace_id), "verl.sample")
         return result.decision.is_sampled()
 
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
-        result = self._inner.should_sample(parent_context, mixed_trace_id(trace_id), name, kind, attributes, links, trace_state)
+        result = self.inner.should_sample(parent_context, mixed_trace_id(trace_id), name, kind, attributes, links, trace_state)
         if result.decision is Decision.DROP:
             # A dropping sampler returns no attributes, and the SDK gives a span the
             # sampler's attributes: hand the caller's back so legacy outputs keep them.
@@ -109,24 +99,43 @@ class RecordDroppedSamples(Sampler):
         return result
 
     def get_description(self) -> str:
-        return f"RecordDroppedSamples{{{self._inner.get_description()}}}"
-
-
-def _follows_local_parent(sampler: Sampler) -> bool:
-    if isinstance(sampler, ParentBased):
-        return (getattr(sampler, "_local_parent_sampled", None) is ALWAYS_ON
-                and getattr(sampler, "_local_parent_not_sampled", None) is ALWAYS_OFF)
-    return type(sampler) in (StaticSampler, TraceIdRatioBased)
-
-
-def _follows_remote_parent(sampler: Sampler) -> bool:
-    return (isinstance(sampler, ParentBased)
-            and getattr(sampler, "_remote_parent_sampled", None) is ALWAYS_ON
-            and getattr(sampler, "_remote_parent_not_sampled", None) is ALWAYS_OFF)
+        return f"RecordDroppedSamples{{{self.inner.get_description()}}}"
 
 
 def record_dropped_samples(inner: Optional[Sampler] = None) -> Sampler:
-    return RecordDroppedSamples(inner if inner is not None else _get_from_env_or_default())
+    return RecordDroppedSamples(inner if inner is not None else sampler_from_env())
+
+
+_RATIO_SAMPLERS = {"traceidratio": TraceIdRatioBased, "parentbased_traceidratio": lambda rate: ParentBased(TraceIdRatioBased(rate))}
+_FIXED_SAMPLERS = {
+    "always_on": ALWAYS_ON,
+    "always_off": ALWAYS_OFF,
+    "parentbased_always_on": ParentBased(ALWAYS_ON),
+    "parentbased_always_off": ParentBased(ALWAYS_OFF),
+}
+
+
+def sampler_from_env() -> Sampler:
+    """The sampler ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` name, as the SDK
+    reads them (default ``parentbased_always_on``); a name that is not one of the
+    specification's is looked up among the ``opentelemetry_traces_sampler`` entry points.
+    An unknown name or a bad ratio falls back to the default with one warning."""
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "")
+    if name in _FIXED_SAMPLERS:
+        return _FIXED_SAMPLERS[name]
+    try:
+        if name in _RATIO_SAMPLERS:
+            rate = float(arg) if arg else 1.0
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio in [0, 1]")
+            return _RATIO_SAMPLERS[name](rate)
+        for entry_point in entry_points(group="opentelemetry_traces_sampler", name=name):
+            return entry_point.load()(arg)
+        raise ValueError(f"OTEL_TRACES_SAMPLER={name!r} names no known sampler")
+    except Exception as exc:  # a bad setting must not switch tracing off
+        logger.warning("otel_verl: %s; sampling with parentbased_always_on", exc)
+        return _FIXED_SAMPLERS["parentbased_always_on"]
 
 
 class _CountingExporter(SpanExporter):
@@ -199,79 +208,36 @@ class DropCountingProcessor(SpanProcessor):
         return self._bsp.force_flush(timeout_millis)
 
 
-class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
+class IsolatingSpanProcessor(SpanProcessor):
     """Calls every processor in turn; a processor's exception is counted under
     ``span_processor.{Class}.{method}`` and never reaches the span's caller or the
-    processors after it.
+    processors after it (the SDK's multi-processors call them without catching).
 
     A processor may say which spans it reads (``on_start_kinds`` / ``on_end_kinds``: the
-    :class:`~otel_verl.semconv.Kind` of the span's record, ``None`` for every span); it is
+    :class:`~otel_verl.semconv.Kind` of the span's payload, ``None`` for every span); it is
     not called for the others. A rollout worker's LLM, tool and reward spans then reach
     only the processors that write something for them."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self._on_start: Tuple[Tuple[Any, Any], ...] = ()
-        self._on_end: Tuple[Tuple[Any, Any], ...] = ()
-        self._sole_on_start: Optional[SpanProcessor] = None
-        self._sole_start_kinds: Any = frozenset()
-        self._sole_on_end: Optional[SpanProcessor] = None
-        self._on_ending_processors: Tuple[Any, ...] = ()
-        self.calls_on_ending = False
+        self.processors: Tuple[SpanProcessor, ...] = ()
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
-        super().add_span_processor(span_processor)
-        processors = self._span_processors
-        self._on_start = _routes(processors, "on_start_kinds")
-        self._on_end = _routes(processors, "on_end_kinds")
-        # one processor that reads every ending span (a rollout worker's export process):
-        # no record to look up per span; one that reads starting spans of the events API
-        # (only): no loop over the routes
-        self._sole_on_end = self._on_end[0][0] if len(self._on_end) == 1 and self._on_end[0][1] is None else None
-        starts = self._on_start
-        sole_start = len(starts) == 1 and starts[0][1] is not None
-        self._sole_on_start, self._sole_start_kinds = starts[0] if sole_start else (None, frozenset())
-        self._on_ending_processors = tuple(
-            sp for sp in processors if getattr(type(sp), "_on_ending", None) is not SpanProcessor._on_ending
-        )
-        self.calls_on_ending = bool(self._on_ending_processors)  # read by LeanSpan.end
+        self.processors += (span_processor,)
 
     def on_start(self, span, parent_context=None) -> None:
-        record = getattr(span, RECORD_ATTR, None)  # (inline: twice per span of a rollout worker)
-        sole = self._sole_on_start
-        if sole is not None and record is not None:
-            if record.kind in self._sole_start_kinds:
-                try:
-                    sole.on_start(span, parent_context=parent_context)
-                except Exception as exc:
-                    _processor_failed(sole, "on_start", exc)
-            return
-        kind = record.kind if record is not None else _record_kind(span)
-        for sp, kinds in self._on_start:
+        kind = _payload_kind(span)
+        for sp in self.processors:
+            kinds = getattr(sp, "on_start_kinds", None)
             if kinds is None or kind in kinds:
                 try:
                     sp.on_start(span, parent_context=parent_context)
                 except Exception as exc:
                     _processor_failed(sp, "on_start", exc)
 
-    def _on_ending(self, span) -> None:
-        for sp in self._on_ending_processors:
-            try:
-                sp._on_ending(span)  # pylint: disable=protected-access
-            except Exception as exc:
-                _processor_failed(sp, "on_ending", exc)
-
     def on_end(self, span: ReadableSpan) -> None:
-        sole = self._sole_on_end
-        if sole is not None:
-            try:
-                sole.on_end(span)
-            except Exception as exc:
-                _processor_failed(sole, "on_end", exc)
-            return
-        record = getattr(span, RECORD_ATTR, None)
-        kind = record.kind if record is not None else _record_kind(span)
-        for sp, kinds in self._on_end:
+        kind = _payload_kind(span)
+        for sp in self.processors:
+            kinds = getattr(sp, "on_end_kinds", None)
             if kinds is None or kind in kinds:
                 try:
                     sp.on_end(span)
@@ -279,19 +245,17 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
                     _processor_failed(sp, "on_end", exc)
 
     def shutdown(self) -> None:
-        for sp in self._span_processors:
+        for sp in self.processors:
             try:
                 sp.shutdown()
             except Exception as exc:
                 _processor_failed(sp, "shutdown", exc)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        import time
-
-        deadline_ns = time.time_ns() + timeout_millis * 1_000_000
+        deadline_ns = time.monotonic_ns() + timeout_millis * 1_000_000
         flushed = True
-        for sp in self._span_processors:
-            left_ms = (deadline_ns - time.time_ns()) // 1_000_000
+        for sp in self.processors:
+            left_ms = (deadline_ns - time.monotonic_ns()) // 1_000_000
             if left_ms <= 0:
                 return False
             try:
@@ -303,14 +267,9 @@ class IsolatingSpanProcessor(SynchronousMultiSpanProcessor):
         return flushed
 
 
-def _routes(processors: Sequence[Any], attribute: str) -> Tuple[Tuple[Any, Any], ...]:
-    routes = ((sp, getattr(sp, attribute, None)) for sp in processors)
-    return tuple((sp, kinds) for sp, kinds in routes if kinds is None or kinds)
-
-
-def _record_kind(span: Any) -> Any:
-    record = record_of(span)
-    return record.kind if record is not None else None
+def _payload_kind(span: Any) -> Any:
+    found = payload_of(span)
+    return found.kind if found is not None else None
 
 
 def _processor_failed(processor: Any, method: str, exc: BaseException) -> None:

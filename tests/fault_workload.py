@@ -140,8 +140,7 @@ class Outputs:
         from otel_verl.sampling import DropCountingProcessor
 
         self.legacy = list(bootstrap._legacy)
-        active = bootstrap.provider()._active_span_processor
-        self.batch = [p for p in active._span_processors if isinstance(p, DropCountingProcessor)]
+        self.batch = [p for p in bootstrap.span_processors() if isinstance(p, DropCountingProcessor)]
 
     def report(self, **extra: Any) -> Dict[str, Any]:
         from otel_verl import health

@@ -702,7 +702,7 @@ import json
 from otel_verl import bootstrap
 assert bootstrap.configure(role="trainer")
 out = {}
-for p in bootstrap.provider()._active_span_processor._span_processors:
+for p in bootstrap.span_processors():
     inner = getattr(getattr(p, "_bsp", None), "_batch_processor", None)
     if inner is not None:
         out[p._output] = [inner._max_queue_size, inner._max_export_batch_size]

@@ -40,7 +40,6 @@ class SpanClock:
 def span_clock(monkeypatch):
     fake = SpanClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
-    monkeypatch.setattr("otel_verl.lean_span._now_ns", fake)
     return fake
 
 

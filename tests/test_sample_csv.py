@@ -35,7 +35,6 @@ class FakeClock:
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
-    monkeypatch.setattr("otel_verl.lean_span._now_ns", fake)
     monkeypatch.setattr("otel_verl.events._core._now_ns", fake)
     return fake
 

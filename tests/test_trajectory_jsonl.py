@@ -340,7 +340,7 @@ def test_a_turn_record_holds_none_of_the_agent_loops_id_lists(clock, traj_dir):
     import gc
     from array import array
 
-    from otel_verl.record import PromptTail, TurnData, UnsentTokens
+    from otel_verl.payload import PromptTail, TurnData, UnsentTokens
 
     proc, trace_dir, _ = traj_dir
     tok = CharTokenizer()

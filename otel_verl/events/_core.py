@@ -15,10 +15,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_verl import current_span, health, lean_span, semconv as sc
+from otel_verl import health, payload, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
-from otel_verl.lean_span import set_trusted
-from otel_verl.record import record_for, start_recorded
+from otel_verl.payload import Payload
 from otel_verl.semconv import Kind, Outcome
 
 # --------------------------------------------------------------------------- runtime
@@ -34,8 +33,6 @@ class _Runtime:
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.samples = _SampleRegistry(settings.max_open_samples)
         self.capture_content = bool(getattr(settings, "capture_content", False))
-        # decided once: the events API starts a few spans per LLM turn (False: the tracer's own spans)
-        self.lean_spans = lean_span.starter(tracer) or False
 
 
 _runtime: Optional[_Runtime] = None
@@ -107,10 +104,10 @@ def _sample_root_context(uid: str) -> otel_context.Context:
 def _end(span: Any, outcome: Optional[str] = None, error: Optional[BaseException] = None) -> None:
     if error is not None:
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:256]))
-        set_trusted(span, sc.ERROR_TYPE, _text(type(error).__qualname__))
+        span.set_attribute(sc.ERROR_TYPE, _text(type(error).__qualname__))
     if outcome is not None:
-        set_trusted(span, sc.SAMPLE_OUTCOME, outcome)
-    span.end()
+        span.set_attribute(sc.SAMPLE_OUTCOME, outcome)
+    payload.end_span(span)
 
 
 
@@ -208,7 +205,7 @@ def _with_validate(attrs: Dict[str, Any], validate: Optional[bool]) -> Dict[str,
 # --------------------------------------------------------------------------- span plumbing
 
 
-def _start_guarded(
+def _start(
     name: str,
     kind_v: Kind,
     context: Optional[otel_context.Context],
@@ -216,23 +213,16 @@ def _start_guarded(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     data: Any = None,
+    **more: Any,
 ) -> Any:
-    """Start a span, or return ``None`` (counted) when tracing itself fails."""
-    return _start_recorded(name, record_for(kind_v, data), context, attributes, kind)
-
-
-def _start_recorded(name: str, record: Any, context: Optional[otel_context.Context], attributes: Mapping[str, Any],
-                    kind: SpanKind = SpanKind.INTERNAL) -> Any:
-    """:func:`_start_guarded` for a record the caller has (``record.record_for``): the
-    rollout worker's spans, with one call less each."""
+    """Start a span carrying ``Payload(kind_v, data)``, or return ``None`` (counted) when
+    tracing is off or fails."""
     rt = _runtime
     if rt is None:
         return None
     try:
-        lean = rt.lean_spans
-        if lean:
-            return lean.start(name, record, context, kind, attributes)
-        return start_recorded(rt.tracer, name, record, lean=False, context=context, kind=kind, attributes=attributes)
+        return payload.start_span(rt.tracer, name, Payload(kind_v, data), context=context, kind=kind,
+                                  attributes=attributes, **more)
     except Exception as exc:
         health.record_failure("events.start_span", exc)
         return None
@@ -248,10 +238,7 @@ def current_span_scope(span: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        try:
-            otel_context.detach(token)
-        except Exception:  # detached in another context (generator closed elsewhere)
-            pass
+        otel_context.detach(token)
 
 
 @contextlib.contextmanager
@@ -266,67 +253,49 @@ def _set(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
             pass
 
 
-SELF = object()  # a scope's block value or key value that is the scope itself (not stored: a cycle)
-
-
 class SpanScope:
-    """The ``with`` block of one span, as a class (the rollout worker enters several per
-    trajectory; a generator context manager costs several times more): the block gets
-    ``value``; inside, the span is the current span and ``key`` (a context key of
-    :func:`otel_verl.current_span.create_key`) is set to ``key_value`` in the same
-    context (either value may be :data:`SELF`, the scope); on exit the span ends,
-    failed when the block raised (the exception goes on untouched). ``span`` may be
-    ``None``: nothing to make current or end.
+    """The ``with`` block of one span: inside, the span is the current span and ``key``
+    (a context key of ``opentelemetry.context.create_key``) holds this scope; on exit
+    the span ends, failed when the block raised (the exception goes on untouched).
+    ``span`` may be ``None``: nothing to make current or end. The block gets what
+    :meth:`value` returns. Subclasses add to the exit in :meth:`_ending` (span still
+    open) and :meth:`_ended`."""
 
-    ``value``, ``key`` and ``key_value`` are class attributes: a subclass names its own
-    (one store a scope, the span, where four would cost more than the rest of it);
-    :class:`KeyedScope` takes them per scope. Subclasses add to the exit in
-    :meth:`_ending` (span still open) and :meth:`_ended`."""
-
-    __slots__ = ("span", "_token")
-    value: Any = None
     key: Optional[str] = None
-    key_value: Any = None
 
     def __init__(self, span: Any) -> None:
         self.span = span
+        self._token: Any = None
+
+    def value(self) -> Any:
+        return None
 
     def __enter__(self) -> Any:
-        key = self.key
-        if key is not None:
-            key_value = self.key_value
-            self._token = current_span.make_current(self.span, key, self if key_value is SELF else key_value)
-        elif self.span is not None:
-            self._token = current_span.make_current(self.span)
-        else:
-            self._token = None
-        value = self.value
-        return self if value is SELF else value
+        ctx = None
+        if self.span is not None:
+            ctx = trace.set_span_in_context(self.span)
+        if self.key is not None:
+            ctx = otel_context.set_value(self.key, self, ctx)
+        if ctx is not None:
+            self._token = otel_context.attach(ctx)
+        return self.value()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         try:
             self._ending(exc)
         except Exception as inner:  # the span still ends
             health.record_failure("events.span_ending", inner)
-        span = self.span
-        if span is not None:
+        if self.span is not None:
             try:
-                if exc is None:
-                    span.end()
-                else:
-                    _end(span, error=exc)
+                _end(self.span, error=exc)
             except Exception as inner:
                 health.record_failure("events.end_span", inner)
         try:
             self._ended(exc)
         except Exception as inner:
             health.record_failure("events.span_ended", inner)
-        token = self._token  # (set by __enter__: a with block enters first)
-        if token is not None:
-            try:
-                current_span.restore(token)
-            except Exception:  # detached in another context
-                pass
+        if self._token is not None:
+            otel_context.detach(self._token)
         return False
 
     def _ending(self, error: Optional[BaseException]) -> None:
@@ -336,13 +305,6 @@ class SpanScope:
         """After the span ended."""
 
 
-class KeyedScope(SpanScope):
-    """A :class:`SpanScope` whose block value, key and key value are given per scope."""
-
-    __slots__ = ("value", "key", "key_value")
-
-    def __init__(self, span: Any, value: Any, key: Optional[str] = None, key_value: Any = None) -> None:
-        self.span = span
-        self.value = value
-        self.key = key
-        self.key_value = key_value
+def current(key: str) -> Any:
+    """The scope the current context holds under ``key`` (``None`` if none)."""
+    return otel_context.get_value(key)

@@ -23,7 +23,7 @@ from opentelemetry.trace import Status, StatusCode
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.events import _core
 from otel_verl.ids import id_str
-from otel_verl.record import start_span
+from otel_verl.payload import Payload, end_span, start_span
 from otel_verl.semconv import Kind
 
 _lock = threading.Lock()
@@ -52,7 +52,7 @@ def prompt_task_started(
     attrs = {sc.UID: uid_s, sc.GLOBAL_STEP: int(step), sc.GEN_AI_AGENT_NAME: agent_name}
     if worker_index is not None:
         attrs[sc.WORKER_INDEX] = int(worker_index)
-    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Kind.PROMPT_TASK, lean=rt.lean_spans, context=parent_ctx, attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Payload(Kind.PROMPT_TASK), context=parent_ctx, attributes=attrs)
     limit = max(1, rt.settings.max_open_samples)
     evicted = []
     with _lock:
@@ -75,7 +75,7 @@ def prompt_task_finished(uid: Any, *, failed: bool = False) -> None:
         return
     if failed:
         span.set_status(Status(StatusCode.ERROR, "a session of this prompt failed"))
-    span.end()
+    end_span(span)
 
 
 def prompt_task_parent(uid: Any) -> Optional[otel_context.Context]:

@@ -14,9 +14,7 @@ from opentelemetry.trace import Link
 
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_list, root_span_id_for_uid, trace_id_for_uid
-from otel_verl.record import RolloutData, SpanRecord, start_span
-from otel_verl import lean_span
-from otel_verl.lean_span import set_trusted
+from otel_verl.payload import Payload, RolloutData, end_span, start_span
 from otel_verl.semconv import Kind, Outcome, Stage
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -91,8 +89,8 @@ def fit_started(
         sc.PPO_MINI_BATCH_SIZE: int(ppo_mini_batch_size),
         sc.NUM_MINIBATCHES: int(num_minibatches),
     }
-    span = start_span(rt.tracer, sc.SPAN_FIT, Kind.FIT, context=otel_context.Context(), attributes=attrs)
-    span.end(end_time=span.start_time + 1000)  # 1 µs: backends flag zero-duration spans
+    span = start_span(rt.tracer, sc.SPAN_FIT, Payload(Kind.FIT), context=otel_context.Context(), attributes=attrs)
+    end_span(span, end_time=span.start_time + 1000)  # 1 µs: backends flag zero-duration spans
 
 
 class _OpenSpans:
@@ -128,7 +126,7 @@ def step_begin(
         attrs[sc.EPOCH] = int(epoch)
     if consumed_batches is not None:
         attrs[sc.CONSUMED_BATCHES] = int(consumed_batches)
-    span = start_span(rt.tracer, sc.SPAN_STEP, Kind.STEP, context=otel_context.Context(), attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_STEP, Payload(Kind.STEP), context=otel_context.Context(), attributes=attrs)
     with _open.lock:
         _open.step, _open.step_number = span, int(global_step)
 
@@ -170,7 +168,7 @@ class StageHandle:
     def response_tokens(self, n_tokens: int) -> None:
         """Non-pad response tokens generated in this stage (gives gen throughput)."""
         if self.span is not None:
-            set_trusted(self.span, sc.RESPONSE_TOKENS, int(n_tokens))
+            self.span.set_attribute(sc.RESPONSE_TOKENS, int(n_tokens))
 
     @health.guarded(default=None)
     def end(self, error: Optional[BaseException] = None) -> None:
@@ -212,7 +210,8 @@ def stage_begin(
         step_span = _open.step
         in_step = step_span is not None and (global_step is None or global_step == _open.step_number)
         parent = trace.set_span_in_context(step_span) if in_step else otel_context.Context()
-        span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Kind.STEP_STAGE, context=parent, attributes=attrs)
+        span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Payload(Kind.STEP_STAGE), context=parent,
+                          attributes=attrs)
         with _open.lock:
             _open.stages.append(span)
         return StageHandle(span)
@@ -260,7 +259,7 @@ def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bo
         span = start_span(
             rt.tracer,
             sc.SPAN_SAMPLE,
-            Kind.SAMPLE,
+            Payload(Kind.SAMPLE),
             context=empty,
             attributes=_with_validate({sc.UID: uid, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer}, validate),
         )
@@ -278,7 +277,7 @@ def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[st
         entry = rt.samples.pop(uid)
         if entry is not None:
             if detail:
-                set_trusted(entry.root, sc.SAMPLE_OUTCOME + ".detail", _text(detail))
+                entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", _text(detail))
             _end_sample_entry(entry, value)
 
 
@@ -348,8 +347,7 @@ def rollout_dispatched(
         span = start_span(
             rt.tracer,
             sc.SPAN_ROLLOUT,
-            Kind.ROLLOUT,
-            data,
+            Payload(Kind.ROLLOUT, data),
             context=_sample_parent(rt, uid),
             attributes=_with_validate(
                 {
@@ -365,7 +363,7 @@ def rollout_dispatched(
         entry = rt.samples.get(uid)
         if entry is not None:
             if entry.rollout is not None and entry.rollout.is_recording():
-                entry.rollout.end()
+                end_span(entry.rollout)
             entry.rollout = span
         carrier_by_uid[uid] = carriers.TraceCarrier.from_span(span)
     return [
@@ -423,11 +421,6 @@ def sample_stage_done(
             {sc.UID: uid, sc.TRAJ_UIDS: tuple(trajs), sc.STAGE: stage_value, sc.GLOBAL_STEP: step, sc.TRAINER: trainer},
             validate,
         )
-        parent = _sample_parent(rt, uid)
-        parent_sc = trace.get_current_span(parent).get_span_context()
-        if lean_span.emit_finished(rt.tracer, name, SpanRecord(Kind.SAMPLE_STAGE, trajs), parent_sc, attrs, links,
-                                   start_ns, end_ns):
-            continue
-        span = start_span(rt.tracer, name, Kind.SAMPLE_STAGE, trajs, context=parent, links=links,
-                          start_time=start_ns, attributes=attrs)
-        span.end(end_time=end_ns)
+        span = start_span(rt.tracer, name, Payload(Kind.SAMPLE_STAGE, trajs), context=_sample_parent(rt, uid),
+                          links=links, start_time=start_ns, attributes=attrs)
+        end_span(span, end_time=end_ns)

@@ -4,27 +4,24 @@ observations, tool calls, reward)."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import operator
 import time
 from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
-from otel_verl import carriers, current_span, health, semconv as sc
+from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_str
-from otel_verl.record import NO_SERVER_META, TrajectoryData, TurnData, kept_ids, kept_prompt, record_for, token_list
-from otel_verl.lean_span import set_trusted, set_trusted_many
+from otel_verl.payload import TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
 from otel_verl.semconv import Kind
 from otel_verl.events import _core
 from otel_verl.events._core import (
-    SELF,
     _text,
     _capturing_content,
     _content,
     _messages_json,
     _sample_root_context,
-    _start_recorded,
+    _start,
     SpanScope,
 )
 
@@ -32,14 +29,13 @@ from otel_verl.events._core import (
 # --------------------------------------------------------------------------- rollout worker
 
 # The running trajectory and LLM call, in the OpenTelemetry context (see SpanScope)
-_TRAJ_KEY = current_span.create_key("otel_verl.trajectory")
-_SUPPRESSED = object()  # a validation trajectory: everything inside it is silent
-_TURN_KEY = current_span.create_key("otel_verl.llm_call")
+_TRAJ_KEY = otel_context.create_key("otel_verl.trajectory")
+_TURN_KEY = otel_context.create_key("otel_verl.llm_call")
 
 
 def _active_traj() -> Optional["_TrajectoryScope"]:
-    traj = current_span.value(_TRAJ_KEY)
-    return traj if traj is not None and traj is not _SUPPRESSED else None
+    traj = _core.current(_TRAJ_KEY)
+    return traj if type(traj) is _TrajectoryScope else None  # not a _SuppressedTrajectory
 
 
 def trajectory(
@@ -74,8 +70,8 @@ def trajectory(
         parent_ctx = carriers.context_from(parent) if parent is not None else None
         if parent_ctx is None:
             parent_ctx = _sample_root_context(uid_s)
-        data = TrajectoryData.started(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
-                                      decode, encode)
+        data = TrajectoryData(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
+                              decode=decode, encode=encode)
         sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
         attrs = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
@@ -87,7 +83,7 @@ def trajectory(
             attrs[sc.WORKER_INDEX] = int(worker_index)
         if validate:
             attrs[sc.VALIDATE] = True
-        span = _start_recorded(sc.agent_span_name(agent_name), data, parent_ctx, attrs)  # (the data is its record)
+        span = _start(sc.agent_span_name(agent_name), Kind.TRAJECTORY, parent_ctx, attrs, data=data)
         if span is None:  # (counted)
             return _UNTRACED
         return _TrajectoryScope(span, data, worker_index, sample_attributes)
@@ -102,40 +98,39 @@ _UNTRACED = contextlib.nullcontext()  # a block that is not traced (gets None)
 class _SuppressedTrajectory(SpanScope):
     """A validation trajectory that is not traced: everything inside it is silent."""
 
-    __slots__ = ()
-    key, key_value = _TRAJ_KEY, _SUPPRESSED
+    key = _TRAJ_KEY
 
 
 class _TrajectoryScope(SpanScope):
     """A trajectory while it runs: its span's ``with`` block (which gets the trajectory's
-    data) and what the spans inside it read (the ``_TRAJ_KEY`` value; one object a
-    trajectory)."""
+    data) and what the spans inside it read (the ``_TRAJ_KEY`` value)."""
 
-    __slots__ = ("data", "agent_loop_class", "worker_index", "sample_attributes")
-    key, key_value = _TRAJ_KEY, SELF
-    value = property(operator.attrgetter("data"))  # (read once, as the block starts)
+    key = _TRAJ_KEY
 
     def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
                  sample_attributes: Dict[str, Any]) -> None:
-        self.span = span
+        super().__init__(span)
         self.data = data
         self.agent_loop_class: Optional[str] = None
         self.worker_index = worker_index
         self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
 
+    def value(self) -> TrajectoryData:
+        return self.data
+
     def _ending(self, error: Optional[BaseException]) -> None:
         data = self.data
         data.completed_at = time.time()
         if data.reward_score is not None:
-            set_trusted(self.span, sc.REWARD_SCORE, data.reward_score)
-        set_trusted(self.span, sc.NUM_TURNS, len(data.turns))
+            self.span.set_attribute(sc.REWARD_SCORE, data.reward_score)
+        self.span.set_attribute(sc.NUM_TURNS, len(data.turns))
 
 
 def agent_run(agent_loop_class: str) -> ContextManager[None]:
     """The agent loop's ``run()`` inside the current trajectory.
 
-    No span of its own (a span costs the rollout worker tens of µs with every output
-    on): ``verl.agent_loop.class`` goes on the trajectory span, and the time ``run()``
+    No span of its own (nobody needs one: it spans the trajectory):
+    ``verl.agent_loop.class`` goes on the trajectory span, and the time ``run()``
     returned on the trajectory's data (the CSV's ``agent_run_completed`` row). A ``run()``
     that raises records no completion; the trajectory span carries the error."""
     traj = _active_traj()
@@ -145,15 +140,13 @@ def agent_run(agent_loop_class: str) -> ContextManager[None]:
         agent_loop_class = _text(agent_loop_class)
         traj.agent_loop_class = agent_loop_class
         traj.data.agent_loop_class = agent_loop_class
-        set_trusted(traj.span, sc.AGENT_LOOP_CLASS, agent_loop_class)
+        traj.span.set_attribute(sc.AGENT_LOOP_CLASS, agent_loop_class)
     except Exception as exc:
         health.record_failure("events.agent_run", exc)
     return _AgentRun(traj.data)
 
 
 class _AgentRun:
-    __slots__ = ("_data",)
-
     def __init__(self, data: TrajectoryData) -> None:
         self._data = data
 
@@ -184,28 +177,29 @@ def trajectory_score(score: Any) -> None:
 
 
 class Turn(SpanScope):
-    """What :func:`llm_call` yields (the ``with`` block of the call's span, one object a
-    call): the caller reports the response through it."""
+    """What :func:`llm_call` yields (the ``with`` block of the call's span): the caller
+    reports the response through it."""
 
-    __slots__ = ("data", "_traj_data", "_carrier")
-    value, key, key_value = SELF, _TURN_KEY, SELF
-    _decode: Any = None  # (see _CapturingTurn)
+    key = _TURN_KEY
 
     def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None) -> None:
-        self.span = span
+        super().__init__(span)
         self.data = data
         self._traj_data = traj_data
         self._carrier: Optional[Dict[str, str]] = None
 
+    def value(self) -> "Turn":
+        return self
+
     def _ending(self, error: Optional[BaseException]) -> None:
-        if error is not None:
+        if error is not None and self._traj_data is not None:
             # A generate call that raised is no turn of the trajectory (the legacy JSONL
             # only ever recorded calls that returned); its span keeps the error.
             _forget_turn(self._traj_data, self.data)
 
     def _ended(self, error: Optional[BaseException]) -> None:
         data = self.data
-        if not data.end_ts:
+        if data is not None and not data.end_ts:
             data.end_ts = time.time()
 
     def carrier(self) -> Dict[str, str]:
@@ -224,12 +218,11 @@ class Turn(SpanScope):
     ) -> None:
         """The call's response (never raises: a failure is counted). ``server_meta``, the
         server's per-request timing, goes to the trajectory JSONL, not on this span (the
-        server's own span, a child of this one, carries it); a dict is taken over, not
-        copied: the caller does not change it afterwards."""
+        server's own span, a child of this one, carries it)."""
         data = self.data
         if data is None:
             return
-        try:  # (not @health.guarded: one call frame less per LLM turn)
+        try:
             data.end_ts = time.time()
             kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
             data.completion_token_count = output_tokens
@@ -237,33 +230,30 @@ class Turn(SpanScope):
             attrs: Dict[str, Any] = {
                 sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
             if reason:
-                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = _finish_reasons(reason)
+                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(reason),)
             if server_meta:
                 # For the trajectory JSONL only: the server span (this span's child) has them
-                # as attributes already. Taken over as the first report (see the docs); a
-                # later one merges into a copy.
-                old = data.server_meta
-                data.server_meta = server_meta if old is NO_SERVER_META and type(server_meta) is dict else {
-                    **old, **server_meta}
-            set_trusted_many(self.span, attrs)
-            if self._decode is not None:
-                self._capture_content(self.span, data)
+                # as attributes already.
+                data.server_meta.update(server_meta)
+            self.span.set_attributes(attrs)
+            self._capture_content(data)
         except Exception as exc:
             health.record_failure("worker.Turn.finish", exc)
+
+    def _capture_content(self, data: TurnData) -> None:
+        """Opt-in message content (see :class:`_CapturingTurn`)."""
 
 
 class _CapturingTurn(Turn):
     """A :class:`Turn` while content capture is on: it keeps the tokenizer's decode and
-    the whole prompt (the record keeps only the part the outputs read)."""
-
-    __slots__ = ("_decode", "_prompt")
+    the whole prompt (the turn's data keeps only the part the outputs read)."""
 
     def __init__(self, span: Any, data: TurnData, traj_data: TrajectoryData, decode: Any, prompt: Any) -> None:
         super().__init__(span, data, traj_data)
         self._decode = decode
         self._prompt = prompt
 
-    def _capture_content(self, span: Any, data: TurnData) -> None:
+    def _capture_content(self, data: TurnData) -> None:
         """Opt-in content: the decoded prompt and completion as GenAI messages."""
         try:
             count = data.prompt_token_count
@@ -273,22 +263,12 @@ class _CapturingTurn(Turn):
         except Exception as exc:
             health.record_failure("events.capture_content", exc)
             return
-        set_trusted(span, sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
-        set_trusted(span, sc.GEN_AI_OUTPUT_MESSAGES, _messages_json("assistant", completion, data.finish_reason or None))
+        self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
+        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES,
+                                _messages_json("assistant", completion, data.finish_reason or None))
 
 
-@functools.lru_cache(maxsize=64)
-def _finish_reasons(reason: str) -> "tuple[str]":
-    """The span's finish reasons of a call that stopped for ``reason``: one tuple per
-    reason, shared by the calls (the span keeps its attribute until it is sent)."""
-    return (_text(reason),)
-
-
-_NULL_TURN = Turn(None, None)
-_UNTRACED_TURN = contextlib.nullcontext(_NULL_TURN)
-# (module constants: an enum member read off its class costs a lookup per span)
-_TOOL_RECORD, _REWARD_RECORD = record_for(Kind.TOOL), record_for(Kind.REWARD)  # (no record data: one record each)
-_CLIENT = SpanKind.CLIENT
+_UNTRACED_TURN = contextlib.nullcontext(Turn(None, None))
 
 
 def llm_call(
@@ -308,17 +288,17 @@ def llm_call(
         return _UNTRACED_TURN
     try:
         turns = traj.data.turns
-        data = TurnData.started(kept_prompt(prompt_ids, turns[-1] if turns else None), time.time(), len(prompt_ids))
-        try:
-            name, model_attributes = _model_call(operation, provider, model)
-        except TypeError:  # an unhashable argument
-            name, model_attributes = _model_call.__wrapped__(operation, provider, model)
+        data = TurnData(kept_prompt(prompt_ids, turns[-1] if turns else None), time.time(), len(prompt_ids))
+        operation, model = _text(operation), _text(model) if model else None
         attrs: Dict[str, Any] = {
-            **model_attributes,
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: _text(provider),
             sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
             **traj.sample_attributes,
             sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
         }
+        if model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = model
         if request_id:
             attrs[sc.LLM_REQUEST_ID] = _text(request_id)
         if max_tokens is not None:
@@ -330,24 +310,13 @@ def llm_call(
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
         return _UNTRACED_TURN
-    span = _start_recorded(name, data, None, attrs, _CLIENT)  # (the data is its record)
+    span = _start(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
     if span is None:
         return _UNTRACED_TURN
     turns.append(data)
     if _capturing_content():
         return _CapturingTurn(span, data, traj.data, traj.data.decode, prompt_ids)
     return Turn(span, data, traj.data)
-
-
-@functools.lru_cache(maxsize=64, typed=True)
-def _model_call(operation: Any, provider: Any, model: Any) -> "tuple[str, Dict[str, Any]]":
-    """The span name and the attributes of a model's calls that never change, bounded
-    once (a worker calls one model, turn after turn)."""
-    operation, model = _text(operation), _text(model) if model else None
-    attrs = {sc.GEN_AI_OPERATION_NAME: operation, sc.GEN_AI_PROVIDER_NAME: _text(provider)}
-    if model:
-        attrs[sc.GEN_AI_REQUEST_MODEL] = model
-    return sc.llm_span_name(operation, model), attrs  # (copied into each call's attributes, never changed)
 
 
 def _forget_turn(traj_data: TrajectoryData, turn_data: TurnData) -> None:
@@ -395,20 +364,20 @@ def tool_call(
     except Exception as exc:
         health.record_failure("events.tool_call", exc)
         return _UNTRACED
-    return SpanScope(_start_recorded(sc.tool_span_name(name), _TOOL_RECORD, None, attrs))
+    return SpanScope(_start(sc.tool_span_name(name), Kind.TOOL, None, attrs))
 
 
 class RewardHandle(SpanScope):
-    """What :func:`reward` yields (the ``with`` block of the reward span, one object a
-    reward): the caller reports the score through it."""
-
-    __slots__ = ("traj", "scored")
-    value = SELF
+    """What :func:`reward` yields (the ``with`` block of the reward span): the caller
+    reports the score through it."""
 
     def __init__(self, span: Any, traj: Optional[_TrajectoryScope]) -> None:
-        self.span = span
+        super().__init__(span)
         self.traj = traj
         self.scored: Optional[float] = None  # the score put on the span
+
+    def value(self) -> "RewardHandle":
+        return self
 
     @health.guarded(default=None)
     def score(self, value: Any) -> None:
@@ -418,7 +387,7 @@ class RewardHandle(SpanScope):
         self.traj.data.reward_score = score
         self.traj.data.agent_metrics["reward_score"] = score
         if self.span is not None:
-            set_trusted(self.span, sc.REWARD_SCORE, score)
+            self.span.set_attribute(sc.REWARD_SCORE, score)
             self.scored = score
 
     def _ended(self, error: Optional[BaseException]) -> None:
@@ -434,8 +403,8 @@ def reward() -> ContextManager[RewardHandle]:
     traj = _active_traj()
     if traj is None:
         return _NO_REWARD
-    # (no record data: the reward's rows and score go with the trajectory's end)
-    return RewardHandle(_start_recorded(sc.SPAN_REWARD, _REWARD_RECORD, None, dict(traj.sample_attributes)), traj)
+    # (no payload data: the reward's rows and score go with the trajectory's end)
+    return RewardHandle(_start(sc.SPAN_REWARD, Kind.REWARD, None, dict(traj.sample_attributes)), traj)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:
@@ -444,4 +413,4 @@ def current_trajectory() -> Optional[TrajectoryData]:
 
 
 def current_turn() -> Optional[Turn]:
-    return current_span.value(_TURN_KEY)
+    return _core.current(_TURN_KEY)

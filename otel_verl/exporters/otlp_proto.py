@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Tuple
 
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_verl.lean_span import LeanSpan
+LeanSpan = None  # (interim: the module is being replaced by the SDK exporters)
 
 logger = logging.getLogger("otel_verl")
 

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter
 from otel_verl.exporters.sample_csv import span_failed, write_discovery_file
-from otel_verl.record import record_of
+from otel_verl.payload import payload_of
 from otel_verl.semconv import Kind, Layout, Stage
 
 DISCOVERY_PATH = "/tmp/verl_progress_path.txt"  # node-local: names the progress/ dir
@@ -155,36 +155,36 @@ class ProgressLogProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
-            record = record_of(span)
-            if record is None:
+            payload = payload_of(span)
+            if payload is None:
                 return
             attrs = span.attributes or {}
-            if record.kind is Kind.FIT:
+            if payload.kind is Kind.FIT:
                 self._emit(fit_lines(attrs))
-            elif record.kind is Kind.STEP:
+            elif payload.kind is Kind.STEP:
                 self._step_trainers[span.context.span_id] = str(attrs.get(sc.TRAINER, ""))
                 self._emit([step_banner(attrs)])
-            elif record.kind is Kind.STEP_STAGE:
+            elif payload.kind is Kind.STEP_STAGE:
                 self._emit(stage_start_lines(self._stage_view(span, attrs)))
         except Exception as exc:
             health.record_failure("progress_log.on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            record = record_of(span)
-            if record is None:
+            payload = payload_of(span)
+            if payload is None:
                 return
-            if record.kind is Kind.STEP:
+            if payload.kind is Kind.STEP:
                 self._step_trainers.pop(span.context.span_id, None)
             elif span_failed(span):  # the seed wrote "end"/"completed" lines only on success
                 return
-            elif record.kind is Kind.STEP_STAGE:
+            elif payload.kind is Kind.STEP_STAGE:
                 attrs = span.attributes or {}
                 seconds = (span.end_time - span.start_time) / 1e9
                 self._emit(stage_end_lines(self._stage_view(span, attrs), attrs, seconds))
-            elif record.kind is Kind.TRAJECTORY and self.directory is not None:
+            elif payload.kind is Kind.TRAJECTORY and self.directory is not None:
                 if not (span.attributes or {}).get(sc.VALIDATE):
-                    self._emit([task_completed_line(span, record.data)])
+                    self._emit([task_completed_line(span, payload.data)])
         except Exception as exc:
             health.record_failure("progress_log.on_end", exc)
 

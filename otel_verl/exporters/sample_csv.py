@@ -29,7 +29,7 @@ from opentelemetry.trace import StatusCode
 from otel_verl import health, semconv as sc
 from otel_verl.exporters import _writer
 from otel_verl.exporters._writer import BackgroundWriter
-from otel_verl.record import SpanRecord, record_of
+from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Kind
 
 DISCOVERY_PATH = "/tmp/verl_trace_sample_path.txt"  # node-local: names the sample/ dir
@@ -191,7 +191,7 @@ def span_failed(span: Any) -> bool:
     return status is not None and status.status_code is StatusCode.ERROR
 
 
-def _sample_start(span: Any, record: SpanRecord) -> List[_Rows]:
+def _sample_start(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     return [
         _Rows(_uid(a), (NO_TRAJ,), "DataLoader", _trainer(a), "DATA_PREPROCESS", a.get(sc.GLOBAL_STEP),
@@ -212,10 +212,10 @@ def _worker_runs(trajs: Sequence[str], workers: Sequence[int]) -> List[tuple]:
     return runs
 
 
-def _rollout_start(span: Any, record: SpanRecord) -> List[_Rows]:
+def _rollout_start(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     uid, trainer, step, ts = _uid(a), _trainer(a), a.get(sc.GLOBAL_STEP), span.start_time
-    data = record.data
+    data = payload.data
     trajs = getattr(data, "traj_uids", None) or a.get(sc.TRAJ_UIDS) or (NO_TRAJ,)
     workers = getattr(data, "worker_indices", None) or a.get(sc.WORKER_INDICES) or ()
     if getattr(data, "variant", "v0") == "v1" or trainer == V1_TRAINER:
@@ -237,10 +237,10 @@ def _agent_name(attrs: Any, data: Any) -> str:
     return str(getattr(data, "agent_name", None) or attrs.get(sc.GEN_AI_AGENT_NAME) or "single_turn")
 
 
-def _prompt_task_start(span: Any, record: SpanRecord) -> List[_Rows]:
+def _prompt_task_start(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     return [
-        _Rows(_uid(a), (NO_TRAJ,), "AgentLoopWorkerTQ", f"AgentLoop({_agent_name(a, record.data)})", "AGENT_LOOP",
+        _Rows(_uid(a), (NO_TRAJ,), "AgentLoopWorkerTQ", f"AgentLoop({_agent_name(a, payload.data)})", "AGENT_LOOP",
               a.get(sc.GLOBAL_STEP), "agent_task_started", span.start_time)
     ]
 
@@ -251,8 +251,8 @@ def _traj_ids(attrs: Any, data: Any) -> tuple:
     return uid, traj
 
 
-def _trajectory_start(span: Any, record: SpanRecord) -> List[_Rows]:
-    a, data = _attrs(span), record.data
+def _trajectory_start(span: Any, payload: Payload) -> List[_Rows]:
+    a, data = _attrs(span), payload.data
     uid, traj = _traj_ids(a, data)
     step = a.get(sc.GLOBAL_STEP)
     if getattr(data, "trainer_api", "v0") == "v1":
@@ -270,7 +270,7 @@ def _trajectory_start(span: Any, record: SpanRecord) -> List[_Rows]:
 # carry it), so these rows leave it out although their spans know the step.
 
 
-def _llm_start(span: Any, record: SpanRecord) -> List[_Rows]:
+def _llm_start(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     uid, traj = _traj_ids(a, None)
     loop_class = str(a.get(sc.AGENT_LOOP_CLASS) or "AgentLoop")
@@ -278,7 +278,7 @@ def _llm_start(span: Any, record: SpanRecord) -> List[_Rows]:
                   span.start_time)]
 
 
-def _llm_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _llm_end(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     uid, traj = _traj_ids(a, None)
     loop_class = str(a.get(sc.AGENT_LOOP_CLASS) or "AgentLoop")
@@ -286,19 +286,19 @@ def _llm_end(span: Any, record: SpanRecord) -> List[_Rows]:
                   span.end_time)]
 
 
-def _tool_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _tool_end(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     uid, traj = _traj_ids(a, None)
     detail = f"tool_executed_name={a.get(sc.GEN_AI_TOOL_NAME, '')}"
     return [_Rows(uid, (traj,), "Tool", "ToolAgentLoop", "AGENT_TOOL", None, detail, span.end_time)]
 
 
-def _trajectory_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _trajectory_end(span: Any, payload: Payload) -> List[_Rows]:
     """The agent run's and the reward's rows, written when the trajectory ends (in this
     order, as the seed did): neither is a span of its own that ends earlier, and the
     trajectory's data holds when each happened. Written even when the trajectory
     failed afterwards (the run and the reward had completed)."""
-    data = record.data
+    data = payload.data
     rows: List[_Rows] = []
     run_ns = getattr(data, "run_completed_ns", 0)
     reward = getattr(data, "reward_row", None)
@@ -336,7 +336,7 @@ _SAMPLE_STAGES: Dict[str, tuple] = {
 }
 
 
-def _sample_stage_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _sample_stage_end(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     spec = _SAMPLE_STAGES.get(str(a.get(sc.STAGE)))
     if spec is None:
@@ -344,14 +344,14 @@ def _sample_stage_end(span: Any, record: SpanRecord) -> List[_Rows]:
     csv_stage, v0_route, v1_route, detail = spec
     trainer = _trainer(a)
     source, target = (v1_route if trainer == V1_TRAINER else v0_route)
-    trajs = record.data if record.data is not None else a.get(sc.TRAJ_UIDS, (NO_TRAJ,))
+    trajs = payload.data if payload.data is not None else a.get(sc.TRAJ_UIDS, (NO_TRAJ,))
     return [
         _Rows(_uid(a), trajs, trainer if source is _TRAINER else source, trainer if target is _TRAINER else target,
               csv_stage, a.get(sc.GLOBAL_STEP), detail, span.end_time)
     ]
 
 
-def _step_stage_end(span: Any, record: SpanRecord) -> List[_Rows]:
+def _step_stage_end(span: Any, payload: Payload) -> List[_Rows]:
     a = _attrs(span)
     if a.get(sc.STAGE) != sc.Stage.SYNC_PARAMS.value:
         return []
@@ -360,7 +360,7 @@ def _step_stage_end(span: Any, record: SpanRecord) -> List[_Rows]:
     return [_Rows("*", ("*",), "CheckpointEngineManager", "RolloutReplica", "SYNC_PARAMS", step, detail, span.end_time)]
 
 
-RowBuilder = Callable[[Any, SpanRecord], List[_Rows]]
+RowBuilder = Callable[[Any, Payload], List[_Rows]]
 _ON_START: Dict[Kind, RowBuilder] = {
     Kind.SAMPLE: _sample_start,
     Kind.ROLLOUT: _rollout_start,
@@ -465,28 +465,28 @@ class SampleCsvProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
-            record = record_of(span)
-            if record is None or self._validation.entered(span):
+            payload = payload_of(span)
+            if payload is None or self._validation.entered(span):
                 return
-            build = _ON_START.get(record.kind)
+            build = _ON_START.get(payload.kind)
             if build is not None:
-                self._submit(build(span, record))
+                self._submit(build(span, payload))
         except Exception as exc:
             health.record_failure("sample_csv.on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            record = record_of(span)
-            if record is None or self._validation.left(span):
+            payload = payload_of(span)
+            if payload is None or self._validation.left(span):
                 return
-            if record.kind is Kind.TRAJECTORY:
-                self._submit(_trajectory_end(span, record))
+            if payload.kind is Kind.TRAJECTORY:
+                self._submit(_trajectory_end(span, payload))
                 return
             if span_failed(span):
                 return
-            build = _ON_END.get(record.kind)
+            build = _ON_END.get(payload.kind)
             if build is not None:
-                self._submit(build(span, record))
+                self._submit(build(span, payload))
         except Exception as exc:
             health.record_failure("sample_csv.on_end", exc)
 

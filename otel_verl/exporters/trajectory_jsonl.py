@@ -34,7 +34,7 @@ from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, output_pid
 from otel_verl.exporters.sample_csv import write_discovery_file
 from otel_verl.ids import sample_index
-from otel_verl.record import TrajectoryData, TurnData, completion_tokens, prompt_tokens, record_of, token_list
+from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Kind
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
@@ -67,15 +67,15 @@ class TrajectoryJsonlProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         try:
-            record = record_of(span)
-            if record is None or record.kind is not Kind.TRAJECTORY:
+            payload = payload_of(span)
+            if payload is None or payload.kind is not Kind.TRAJECTORY:
                 return
-            if not isinstance(record.data, TrajectoryData) or span.attributes.get(sc.VALIDATE):
+            if not isinstance(payload.data, TrajectoryData) or span.attributes.get(sc.VALIDATE):
                 return
             if span.status.status_code is StatusCode.ERROR:
                 return
             # The data is complete once its span ended; nothing mutates it afterwards.
-            self.writer.submit(functools.partial(self._render, record.data), 1)
+            self.writer.submit(functools.partial(self._render, payload.data), 1)
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
