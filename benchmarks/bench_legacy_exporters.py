@@ -41,7 +41,7 @@ from otel_verl import events, settings  # noqa: E402
 from otel_verl import semconv as sc  # noqa: E402
 from otel_verl.exporters.progress_log import ProgressLogProcessor  # noqa: E402
 from otel_verl.exporters.sample_csv import SampleCsvProcessor  # noqa: E402
-from otel_verl.record import record_of  # noqa: E402
+from otel_verl.payload import payload_of  # noqa: E402
 from otel_verl.sampling import UidIdGenerator, record_dropped_samples  # noqa: E402
 from otel_verl.semconv import Kind, Stage  # noqa: E402
 
@@ -76,11 +76,11 @@ class SeedLikeFlowWriter(SpanProcessor):
         self._thread.start()
 
     def on_end(self, span: Any) -> None:
-        record = record_of(span)
-        if record is None or record.kind is not Kind.SAMPLE_STAGE:
+        payload = payload_of(span)
+        if payload is None or payload.kind is not Kind.SAMPLE_STAGE:
             return
         stage, source, target, detail = CSV_STAGE_NAMES[span.attributes[sc.STAGE]]
-        self.trace_flow(span.attributes[sc.UID], record.data, source, target, stage, detail,
+        self.trace_flow(span.attributes[sc.UID], payload.data, source, target, stage, detail,
                         span.attributes[sc.GLOBAL_STEP])
 
     def trace_flow(self, uid: Any, traj_uid: Any, from_module: str, to_module: str, stage: str, detail: str = "",

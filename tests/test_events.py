@@ -1,0 +1,209 @@
+"""The events API on SDK spans: trace shape, attributes, payloads, and what happens when
+tracing is off or a block fails."""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import SpanProcessor
+from opentelemetry.trace import SpanKind, StatusCode
+
+from otel_verl import events, payload, semconv as sc
+from otel_verl.ids import trace_id_for_uid
+from otel_verl.payload import TrajectoryData, TurnData
+from otel_verl.semconv import Kind, Stage
+
+
+class PayloadSeen(SpanProcessor):
+    """Records (when, span name, payload) for every start and end."""
+
+    def __init__(self) -> None:
+        self.seen: List[Tuple[str, str, Any]] = []
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.seen.append(("start", span.name, payload.payload_of(span)))
+
+    def on_end(self, span) -> None:
+        self.seen.append(("end", span.name, payload.payload_of(span)))
+
+
+@pytest.fixture
+def seen(make_pipeline):
+    processor = PayloadSeen()
+    pipeline = make_pipeline([processor])
+    return processor, pipeline
+
+
+def _by_name(spans, name):
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, [s.name for s in spans]
+    return found[0]
+
+
+def _one_trajectory(**llm_kwargs):
+    with events.trajectory("u1", "t1", step=3, agent_name="tool_agent", worker_index=2) as traj:
+        with events.agent_run("ToolAgentLoop"):
+            with events.llm_call([1, 2, 3], model="qwen", **llm_kwargs) as turn:
+                turn.finish([4, 5], stop_reason="stop", server_meta={"e2e_latency": 0.5})
+            with events.tool_call("calculator", call_id="c1"):
+                pass
+        with events.reward() as reward:
+            reward.score(1.0)
+    return traj
+
+
+def test_a_trajectory_is_one_subtree_of_the_uid_trace(seen):
+    _, pipeline = seen
+    traj = _one_trajectory(request_id="r1")
+    spans = pipeline.spans()
+    agent = _by_name(spans, sc.agent_span_name("tool_agent"))
+    chat = _by_name(spans, sc.llm_span_name(sc.OP_CHAT, "qwen"))
+    tool = _by_name(spans, sc.tool_span_name("calculator"))
+    reward = _by_name(spans, sc.SPAN_REWARD)
+
+    assert agent.context.trace_id == trace_id_for_uid("u1")
+    for child in (chat, tool, reward):
+        assert child.parent.span_id == agent.context.span_id
+        assert child.context.trace_id == agent.context.trace_id
+        assert child.attributes[sc.UID] == "u1" and child.attributes[sc.TRAJ_UID] == "t1"
+    assert chat.kind is SpanKind.CLIENT
+    assert agent.attributes[sc.GEN_AI_OPERATION_NAME] == sc.OP_INVOKE_AGENT
+    assert agent.attributes[sc.AGENT_LOOP_CLASS] == "ToolAgentLoop"
+    assert agent.attributes[sc.NUM_TURNS] == 1 and agent.attributes[sc.REWARD_SCORE] == 1.0
+    assert agent.attributes[sc.WORKER_INDEX] == 2
+    assert chat.attributes[sc.GEN_AI_REQUEST_MODEL] == "qwen"
+    assert chat.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 3
+    assert chat.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+    assert chat.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert chat.attributes[sc.LLM_REQUEST_ID] == "r1"
+    assert tool.attributes[sc.GEN_AI_TOOL_CALL_ID] == "c1"
+
+    # the turn's data: ids as the outputs read them, the server's timing for the JSONL
+    (data,) = traj.turns
+    assert list(data.prompt_ids) == [1, 2, 3] and list(data.completion_ids) == [4, 5]
+    assert data.server_meta == {"e2e_latency": 0.5} and data.finish_reason == "stop"
+    assert traj.reward_score == 1.0 and traj.run_completed_ns > 0
+
+
+def test_processors_read_each_spans_payload_at_start_and_end(seen):
+    processor, _ = seen
+    traj = _one_trajectory()
+    kinds = {(when, name): found.kind for when, name, found in processor.seen}
+    agent, chat = sc.agent_span_name("tool_agent"), sc.llm_span_name(sc.OP_CHAT, "qwen")
+    assert kinds[("start", agent)] is Kind.TRAJECTORY and kinds[("end", agent)] is Kind.TRAJECTORY
+    assert kinds[("start", chat)] is Kind.LLM_CALL and kinds[("end", chat)] is Kind.LLM_CALL
+    assert kinds[("end", sc.tool_span_name("calculator"))] is Kind.TOOL
+    assert kinds[("end", sc.SPAN_REWARD)] is Kind.REWARD
+    ends = {name: found.data for when, name, found in processor.seen if when == "end"}
+    assert ends[agent] is traj and isinstance(ends[chat], TurnData)
+    assert payload.open_count() == 0  # nothing kept once the spans ended
+
+
+def test_a_failed_llm_call_is_no_turn_and_its_span_keeps_the_error(seen):
+    _, pipeline = seen
+    with events.trajectory("u1", "t1", step=1, agent_name="a") as traj:
+        with pytest.raises(RuntimeError):
+            with events.llm_call([1]):
+                raise RuntimeError("server went away")
+    assert traj.turns == []
+    chat = _by_name(pipeline.spans(), sc.llm_span_name(sc.OP_CHAT, None))
+    assert chat.status.status_code is StatusCode.ERROR
+    assert chat.attributes[sc.ERROR_TYPE] == "RuntimeError"
+    assert payload.open_count() == 0
+
+
+def test_the_trajectory_is_current_inside_its_block_and_restored_after(seen):
+    before = trace.get_current_span()
+    with events.trajectory("u1", "t1", step=1, agent_name="a") as traj:
+        assert isinstance(traj, TrajectoryData)
+        assert events.current_trajectory() is traj
+        with events.llm_call([1]) as turn:
+            assert events.current_turn() is turn
+            assert trace.get_current_span() is turn.span
+        assert events.current_turn() is None
+    assert events.current_trajectory() is None
+    assert trace.get_current_span() is before
+
+
+def test_a_validation_trajectory_is_silent_unless_traced(seen):
+    processor, pipeline = seen
+    with events.trajectory("u1", "t1", step=1, agent_name="a", validate=True) as traj:
+        assert traj is None
+        with events.llm_call([1]) as turn:
+            turn.finish([2])
+        with events.tool_call("x"):
+            pass
+    assert pipeline.spans() == () or list(pipeline.spans()) == []
+    assert processor.seen == []
+
+
+def test_tracing_off_every_event_is_a_no_op():
+    events._install(None)
+    with events.trajectory("u1", "t1", step=1, agent_name="a") as traj:
+        assert traj is None
+        with events.llm_call([1]) as turn:
+            turn.finish([2])
+        with events.tool_call("x"):
+            pass
+        with events.reward() as reward:
+            reward.score(1.0)
+    events.samples_created(["u1"], step=1, trainer="t")
+    with events.step_stage(Stage.OLD_LOG_PROB, step=1) as stage:
+        assert stage.span is None
+
+
+def test_batch_stage_spans_have_the_stage_times_the_sample_parent_and_the_stage_link(seen):
+    processor, pipeline = seen
+    events.samples_created(["u1", "u2"], step=1, trainer="RayPPOTrainer")
+    with events.step_stage(Stage.OLD_LOG_PROB, step=1, trainer="RayPPOTrainer") as stage:
+        events.sample_stage_done(Stage.OLD_LOG_PROB, ["u1", "u1", "u2"], ["a", "b", "c"], step=1,
+                                 start_ns=1_000, trainer="RayPPOTrainer")
+    events.samples_finished(["u1", "u2"], sc.Outcome.TRAINED)
+    spans = pipeline.spans()
+    name = sc.sample_stage_span_name(Stage.OLD_LOG_PROB.value)
+    per_uid = {s.attributes[sc.UID]: s for s in spans if s.name == name}
+    roots = {s.attributes[sc.UID]: s for s in spans if s.name == sc.SPAN_SAMPLE}
+    stage_span = _by_name(spans, sc.step_stage_span_name(Stage.OLD_LOG_PROB.value))
+    assert set(per_uid) == {"u1", "u2"}
+    for uid, span in per_uid.items():
+        assert span.parent.span_id == roots[uid].context.span_id
+        assert span.start_time == 1_000 and span.end_time >= span.start_time
+        assert [link.context.span_id for link in span.links] == [stage_span.context.span_id]
+    assert per_uid["u1"].attributes[sc.TRAJ_UIDS] == ("a", "b")
+    stage_payloads = [found for when, n, found in processor.seen if n == name and when == "end"]
+    assert sorted(found.data for found in stage_payloads) == [["a", "b"], ["c"]]
+    assert payload.open_count() == 0
+
+
+def test_the_llm_server_span_joins_the_turn_through_its_headers(seen):
+    _, pipeline = seen
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        with events.llm_call([1]) as turn:
+            headers = turn.carrier()
+    assert headers["traceparent"].startswith("00-")
+    with events.llm_server_call(headers, request_id="r9", provider="sglang") as call:
+        assert events.current_server_call() is call
+        call.record_meta({"queue_time": 0.25, "finish_reason": {"type": "stop"}})
+    server = _by_name(pipeline.spans(), sc.SPAN_LLM_SERVER)
+    chat = _by_name(pipeline.spans(), sc.llm_span_name(sc.OP_CHAT, None))
+    assert server.parent.span_id == chat.context.span_id and server.kind is SpanKind.SERVER
+    assert server.attributes[sc.llm_server_meta_attribute("queue_time")] == 0.25
+    assert call.meta == {"queue_time": 0.25}
+
+
+def test_a_raising_processor_is_counted_and_the_others_still_see_the_span(make_pipeline):
+    from otel_verl import health
+
+    class Raising(SpanProcessor):
+        def on_end(self, span):
+            raise ValueError("broken processor")
+
+    after = PayloadSeen()
+    pipeline = make_pipeline([Raising(), after])
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        pass
+    assert [name for when, name, _ in after.seen if when == "end"] == [sc.agent_span_name("a")]
+    assert len(pipeline.spans()) == 1
+    assert any("Raising.on_end" in key for key in health.snapshot().get("failures", {}))
