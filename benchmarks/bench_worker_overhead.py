@@ -462,12 +462,11 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     if level >= 3:
         provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes))
     if level >= 4:
-        try:  # the exporter bootstrap builds (otel_verl's direct protobuf encoding)
-            from otel_verl.exporters.otlp_proto import http_span_exporter as OTLPSpanExporter
-        except ImportError:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=endpoint + "/v1/traces")
+        from otel_verl.exporters.otlp import RequestSplittingExporter
+
+        exporter = RequestSplittingExporter(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"))  # as bootstrap
         make_batch = getattr(bootstrap, "_batch_processor", BatchSpanProcessor)  # bootstrap's queue size
         provider.add_span_processor(bootstrap._counting(make_batch(exporter), "otlp"))
     events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, cfg, sampler))

@@ -13,6 +13,7 @@ Modes:
 - ``tls``: a TLS (self-signed) HTTP server answering 200; plain clients fail the handshake.
 - ``capture``: an OTLP/HTTP receiver answering 200 that appends each request body to
   CAPTURE_FILE (length-prefixed) so a test can grep every byte that left the process.
+- ``grpc_capture``: the same as an OTLP/gRPC receiver (gRPC's default 4 MiB message limit).
 """
 
 from __future__ import annotations
@@ -123,13 +124,12 @@ def _self_signed() -> tuple:
     return cert_path, key_path
 
 
-def serve_grpc_unavailable() -> None:
+def serve_grpc(export) -> None:
+    """A gRPC TraceService whose Export is ``export(request bytes, context)``; the
+    receive limit is gRPC's default 4 MiB, as the Collector's."""
     from concurrent import futures
 
     import grpc
-
-    def export(request, context):
-        context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
 
     handler = grpc.method_handlers_generic_handler(
         "opentelemetry.proto.collector.trace.v1.TraceService",
@@ -143,6 +143,26 @@ def serve_grpc_unavailable() -> None:
     _announce(port)
     while True:
         time.sleep(3600)
+
+
+def serve_grpc_unavailable() -> None:
+    import grpc
+
+    def export(request, context):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
+
+    serve_grpc(export)
+
+
+def serve_grpc_capture(capture: str) -> None:
+    lock = threading.Lock()
+
+    def export(request: bytes, context) -> bytes:
+        with lock, open(capture, "ab") as f:
+            f.write(struct.pack(">I", len(request)) + request)
+        return b""  # an empty ExportTraceServiceResponse: all accepted
+
+    serve_grpc(export)
 
 
 def main() -> None:
@@ -168,6 +188,8 @@ def main() -> None:
         serve_http(200, capture=capture)
     elif mode == "grpc_unavailable":
         serve_grpc_unavailable()
+    elif mode == "grpc_capture":
+        serve_grpc_capture(capture)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

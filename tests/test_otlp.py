@@ -1,0 +1,185 @@
+"""OTLP through the SDK's exporters: a batch cut into requests under the receivers'
+size limit, and only the spans not delivered counted as lost."""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, List
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import fault_workload as w
+from otel_verl import health
+from otel_verl.exporters.otlp import MAX_REQUEST_BYTES, RequestSplittingExporter, encoded_size
+from otel_verl.sampling import DropCountingProcessor
+
+from test_otlp_json_file import make_spans
+
+# a chat message at the content limit: 8000 characters, 9600 UTF-8 bytes
+TEXT = "w\u00f6rd " * 1600
+
+
+def content_spans(count: int, processor: Any = None) -> List[Any]:
+    """Chat spans carrying GenAI message content (two texts each), as a content-capturing
+    run makes them."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "verl"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    if processor is not None:
+        provider.add_span_processor(processor)
+    tracer = provider.get_tracer("otel_verl")
+    for i in range(count):
+        tracer.start_span(f"chat m{i}", attributes={
+            "gen_ai.input.messages": TEXT, "gen_ai.output.messages": TEXT, "verl.global_step": i}).end()
+    return list(memory.get_finished_spans())
+
+
+class RecordingExporter(SpanExporter):
+    """A stand-in for the SDK's OTLP exporter: records each request; the ``failing``-th
+    (1-based) request fails, or raises with ``raising``."""
+
+    def __init__(self, failing: int = 0, raising: bool = False) -> None:
+        self.requests: List[List[Any]] = []
+        self.failing, self.raising = failing, raising
+        self.shut_down = False
+
+    def export(self, spans):
+        self.requests.append(list(spans))
+        if len(self.requests) == self.failing:
+            if self.raising:
+                raise ConnectionError("stand-in failure")
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+def span_messages(request: ExportTraceServiceRequest) -> List[Any]:
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+def test_the_size_estimate_bounds_the_encoding():
+    # every attribute type, events, links, trace state, non-ASCII text, values the SDK drops
+    for span in make_spans() + content_spans(3):
+        (message,) = span_messages(encode_spans([span]))
+        assert message.ByteSize() + 6 <= encoded_size(span), span.name  # + its own key and length
+    # and it is close where it matters: spans whose text fills the request
+    for span in content_spans(3):
+        (message,) = span_messages(encode_spans([span]))
+        assert encoded_size(span) <= 1.02 * message.ByteSize()
+
+
+def test_a_batch_is_cut_into_requests_under_the_bound_in_order():
+    spans = content_spans(40)
+    total = encode_spans(spans).ByteSize()
+    assert total > 700_000
+    recorder = RecordingExporter()
+    assert RequestSplittingExporter(recorder, max_request_bytes=100_000).export(spans) is SpanExportResult.SUCCESS
+    requests = recorder.requests
+    assert [span for request in requests for span in request] == spans  # in order, every span once
+    assert all(encode_spans(request).ByteSize() <= 100_000 for request in requests)
+    assert len(requests) <= math.ceil(total / 100_000) + 1  # full requests, not a span each
+
+
+def test_a_span_over_the_bound_goes_alone_and_a_usual_batch_goes_whole():
+    spans = make_spans()
+    alone = RecordingExporter()
+    RequestSplittingExporter(alone, max_request_bytes=100).export(spans)  # less than any span
+    assert alone.requests == [[span] for span in spans]
+    whole = RecordingExporter()
+    exporter = RequestSplittingExporter(whole)
+    exporter.export(spans)
+    assert whole.requests == [spans]
+    exporter.shutdown()
+    assert whole.shut_down
+
+
+@pytest.mark.parametrize("raising", [False, True])
+def test_a_failed_request_ends_the_batch_and_only_undelivered_spans_count_as_lost(raising):
+    recorder = RecordingExporter(failing=2, raising=raising)
+    exporter = RequestSplittingExporter(recorder, max_request_bytes=100_000)
+    # as bootstrap builds the OTLP output; one batch for all spans
+    processor = DropCountingProcessor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000), "otlp")
+    spans = content_spans(40, processor)
+    assert processor.force_flush()
+    first, second = recorder.requests[:2]
+    assert len(recorder.requests) == 2  # nothing sent after the failed request
+    assert exporter.failed_spans == len(spans) - len(first) > len(second)
+    assert health.snapshot()["dropped"] == {"otlp": len(spans) - len(first)}
+    assert health.snapshot()["failures"] == ({"otlp.export": 1} if raising else {})
+    processor.shutdown()
+
+
+_RECEIVER_WORKLOAD = """
+    import json
+    import otel_verl
+    from opentelemetry import trace
+    from otel_verl import health
+
+    assert otel_verl.configure()
+    text = "w\\u00f6rd " * 1600
+    tracer = trace.get_tracer("test")
+    for i in range({spans}):
+        tracer.start_span(f"chat m{{i}}", attributes={{"gen_ai.input.messages": text,
+                                                    "gen_ai.output.messages": text}}).end()
+    otel_verl.shutdown()
+    print("RESULT " + json.dumps(health.snapshot()))
+"""
+
+
+def _captured_requests(path) -> List[ExportTraceServiceRequest]:
+    data = path.read_bytes()
+    requests, i = [], 0
+    while i < len(data):
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        requests.append(ExportTraceServiceRequest.FromString(data[i + 4 : i + 4 + n]))
+        i += 4 + n
+    return requests
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("protocol, receiver", [("grpc", "grpc_capture"), ("http/protobuf", "capture")])
+def test_a_receiver_gets_every_span_of_batches_over_its_limit(tmp_path, protocol, receiver):
+    """configure()'s OTLP output against a real receiver (its own process; the gRPC one
+    refuses messages over 4 MiB, as the Collector does): the default batch of 512 chat
+    spans with content (~10 MB) arrives whole, in requests under the limit."""
+    capture = tmp_path / "capture.bin"
+    count = 600
+    with w.fault_server(receiver, str(capture)) as port:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+               "OTEL_VERL_OFFLOAD": "0"}
+        proc = w.run_python(_RECEIVER_WORKLOAD.format(spans=count), env, timeout=100)
+    assert w.parse_result(proc.stdout) == {"failures": {}, "dropped": {}}
+    requests = _captured_requests(capture)
+    assert len(requests) >= 3 and all(r.ByteSize() <= MAX_REQUEST_BYTES for r in requests)
+    names = [span.name for request in requests for span in span_messages(request)]
+    assert sorted(names) == sorted(f"chat m{i}" for i in range(count))
+
+
+_STOCK_EXPORTER = """
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from test_otlp import content_spans
+
+    exporter = OTLPSpanExporter(endpoint="127.0.0.1:{port}", insecure=True, timeout=1)
+    assert exporter.export(content_spans(300)) is SpanExportResult.FAILURE
+    assert exporter.export(content_spans(3)) is SpanExportResult.SUCCESS
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_grpc_receiver_refuses_a_request_over_its_limit(tmp_path):
+    """What the splitting is for (and that the receiver above has the limit): the stock
+    exporter alone loses a whole batch of content spans."""
+    capture = tmp_path / "capture.bin"
+    with w.fault_server("grpc_capture", str(capture)) as port:
+        w.run_python(_STOCK_EXPORTER.format(port=port), {}, timeout=50)
+    assert [len(span_messages(r)) for r in _captured_requests(capture)] == [3]
