@@ -139,14 +139,13 @@ class _EndCounter:
 def _time_exports(provider: Any) -> Dict[str, float]:
     """Wrap the OTLP exporter's ``export`` to add up the CPU its thread spends in it."""
     totals = {"export_cpu_s": 0.0, "export_calls": 0, "bsp_max_queue_size": None, "bsp_max_export_batch_size": None}
-    from otel_verl.sampling import DropCountingProcessor
-
     from otel_verl import bootstrap
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
 
     for processor in bootstrap.span_processors():
-        if not isinstance(processor, DropCountingProcessor):
+        if not isinstance(processor, LossCountingProcessor):
             continue
-        inner = getattr(processor._bsp, "_batch_processor", None)
+        inner = getattr(processor.batch, "_batch_processor", None)
         if inner is None:
             continue
         totals["bsp_max_queue_size"] = inner._max_queue_size

@@ -467,8 +467,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
         from otel_verl.exporters.otlp import RequestSplittingExporter
 
         exporter = RequestSplittingExporter(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"))  # as bootstrap
-        make_batch = getattr(bootstrap, "_batch_processor", BatchSpanProcessor)  # bootstrap's queue size
-        provider.add_span_processor(bootstrap._counting(make_batch(exporter), "otlp"))
+        provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp"))  # bootstrap's queue size
     events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, cfg, sampler))
     return provider
 

@@ -158,12 +158,12 @@ def output_processors(cfg: settings_mod.Settings) -> List[Any]:
     processors = _legacy_processors(cfg)
     _legacy.extend(processors)
     if cfg.otlp_endpoint:
-        processors.append(_counting(_batch_processor(_otlp_exporter()), "otlp"))
+        processors.append(_batch_processor(_otlp_exporter(), "otlp"))
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        processors.append(_counting(_batch_processor(exporter), "otlp_json_file"))
+        processors.append(_batch_processor(exporter, "otlp_json_file"))
     return processors
 
 
@@ -236,24 +236,19 @@ def _otlp_exporter() -> Any:
 DEFAULT_BSP_MAX_QUEUE_SIZE = 16384
 
 
-def _batch_processor(exporter: Any) -> Any:
-    """A BatchSpanProcessor; the standard OTEL_BSP_* variables win over otel_verl's queue size."""
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+def _batch_processor(exporter: Any, output: str) -> Any:
+    """A batch span processor with its losses counted; the standard OTEL_BSP_* variables
+    win over otel_verl's queue size."""
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
 
     if (os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or "").strip():
-        return BatchSpanProcessor(exporter)
+        return LossCountingProcessor(exporter, output)
     queue = DEFAULT_BSP_MAX_QUEUE_SIZE
     try:  # a larger export batch than our queue would be rejected by the SDK
         queue = max(queue, int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 0))
     except ValueError:
         pass  # the SDK warns about the bad value and uses its default batch size
-    return BatchSpanProcessor(exporter, max_queue_size=queue)
-
-
-def _counting(processor: Any, output: str) -> Any:
-    from otel_verl.sampling import DropCountingProcessor
-
-    return DropCountingProcessor(processor, output)
+    return LossCountingProcessor(exporter, output, max_queue_size=queue)
 
 
 def _resource(role: str) -> Any:

@@ -1,13 +1,10 @@
-"""Per-sample sampling, uid-derived ids, and counting what the OTLP path drops.
+"""Per-sample sampling, uid-derived ids, and the provider's list of span processors.
 
 - :class:`UidIdGenerator` gives the next root span the ids derived from its uid (see
   :mod:`otel_verl.ids`), so a sample's trace id is the same in every process.
 - :func:`record_dropped_samples` wraps the standard ``OTEL_TRACES_SAMPLER`` so that a
   span it would drop is still recorded (``RECORD_ONLY``): legacy processors see every
   span, while BatchSpanProcessor exports only sampled ones.
-- :class:`DropCountingProcessor` counts spans the SDK's batch processor loses (queue
-  full, still queued when its shutdown timed out) or its exporter fails to deliver: the
-  SDK only logs those once.
 - :class:`IsolatingSpanProcessor` is the provider's list of processors with each one's
   exceptions counted instead of raised: the SDK's ``SynchronousMultiSpanProcessor`` calls
   them in a row without catching, so one raising processor (ours or another library's)
@@ -21,10 +18,9 @@ import logging
 import os
 import time
 from importlib.metadata import entry_points
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -136,76 +132,6 @@ def sampler_from_env() -> Sampler:
     except Exception as exc:  # a bad setting must not switch tracing off
         logger.warning("otel_verl: %s; sampling with parentbased_always_on", exc)
         return _FIXED_SAMPLERS["parentbased_always_on"]
-
-
-class _CountingExporter(SpanExporter):
-    def __init__(self, exporter: SpanExporter, output: str) -> None:
-        self._exporter = exporter
-        self._output = output
-        self.exported = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        failed: Any = None
-        try:
-            result = self._exporter.export(spans)
-            # an exporter that sends a batch as several requests says how many spans failed
-            failed = getattr(self._exporter, "failed_spans", None)
-        except Exception as exc:
-            health.record_failure(f"{self._output}.export", exc)
-            result = SpanExportResult.FAILURE
-        if result is SpanExportResult.SUCCESS:
-            failed = 0
-        else:
-            if type(failed) is not int or not 0 < failed <= len(spans):
-                failed = len(spans)
-            health.record_dropped(self._output, failed, "export failed (endpoint down, refusing or unreachable?)")
-        self.exported += len(spans) - failed
-        return result
-
-    def shutdown(self) -> None:
-        self._exporter.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        flush = getattr(self._exporter, "force_flush", None)
-        return flush(timeout_millis) if flush is not None else True
-
-
-class DropCountingProcessor(SpanProcessor):
-    """A BatchSpanProcessor whose losses are counted in :mod:`otel_verl.health`."""
-
-    def __init__(self, batch_processor: Any, output: str) -> None:
-        self._bsp = batch_processor
-        self._output = output
-        if type(batch_processor) is BatchSpanProcessor:  # whose on_start does nothing
-            self.on_start_kinds = frozenset()
-        self._leftover_counted = False
-        inner = getattr(batch_processor, "_batch_processor", None)
-        # SDK 1.45 internals (opentelemetry/sdk/_shared_internal BatchProcessor): the
-        # queue is a deque whose oldest entry is discarded when full.
-        self._queue = getattr(inner, "_queue", None)
-        self._max = getattr(inner, "_max_queue_size", None)
-        exporter = getattr(inner, "_exporter", None)
-        if exporter is not None:
-            self.exporter = _CountingExporter(exporter, output)
-            inner._exporter = self.exporter
-
-    def on_start(self, span, parent_context=None) -> None:
-        self._bsp.on_start(span, parent_context)
-
-    def on_end(self, span: ReadableSpan) -> None:
-        if self._queue is not None and span.context.trace_flags.sampled and len(self._queue) == self._max:
-            health.record_dropped(self._output, 1, "span queue full (OTEL_BSP_MAX_QUEUE_SIZE)")
-        self._bsp.on_end(span)
-
-    def shutdown(self) -> None:
-        self._bsp.shutdown()
-        # The SDK gives up after its shutdown timeout: whatever is still queued is lost.
-        if self._queue is not None and not self._leftover_counted:
-            self._leftover_counted = True
-            health.record_dropped(self._output, len(self._queue), "not exported before the shutdown timeout")
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._bsp.force_flush(timeout_millis)
 
 
 class IsolatingSpanProcessor(SpanProcessor):

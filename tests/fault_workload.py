@@ -137,10 +137,10 @@ class Outputs:
 
     def __init__(self) -> None:
         from otel_verl import bootstrap
-        from otel_verl.sampling import DropCountingProcessor
+        from otel_verl.exporters.loss_counting import LossCountingProcessor
 
         self.legacy = list(bootstrap._legacy)
-        self.batch = [p for p in bootstrap.span_processors() if isinstance(p, DropCountingProcessor)]
+        self.batch = [p for p in bootstrap.span_processors() if isinstance(p, LossCountingProcessor)]
 
     def report(self, **extra: Any) -> Dict[str, Any]:
         from otel_verl import health
@@ -150,7 +150,7 @@ class Outputs:
             writer = getattr(p, "writer", None)
             if writer is not None:
                 writers[writer.output] = {"written": writer.written_lines, "dropped": writer.dropped_lines}
-        exported = {p._output: getattr(getattr(p, "exporter", None), "exported", None) for p in self.batch}
+        exported = {p.output: p.exporter.exported for p in self.batch}
         return {"health": health.snapshot(), "writers": writers, "exported": exported, "pid": os.getpid(), **extra}
 
 

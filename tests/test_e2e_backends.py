@@ -703,9 +703,9 @@ from otel_verl import bootstrap
 assert bootstrap.configure(role="trainer")
 out = {}
 for p in bootstrap.span_processors():
-    inner = getattr(getattr(p, "_bsp", None), "_batch_processor", None)
+    inner = getattr(getattr(p, "batch", None), "_batch_processor", None)
     if inner is not None:
-        out[p._output] = [inner._max_queue_size, inner._max_export_batch_size]
+        out[p.output] = [inner._max_queue_size, inner._max_export_batch_size]
 bootstrap.shutdown()
 print(json.dumps(out))
 """

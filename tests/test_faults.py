@@ -476,10 +476,10 @@ def test_a_raising_processor_in_a_plain_sdk_provider_never_reaches_the_caller(ma
     assert health.snapshot()["failures"]
 
 
-def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline, monkeypatch):
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.sampling import DropCountingProcessor
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
 
     class Stuck(SpanExporter):
         def __init__(self):
@@ -495,22 +495,49 @@ def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline, mon
             pass
 
     exporter = Stuck()
-    bsp = BatchSpanProcessor(exporter, max_export_batch_size=1, schedule_delay_millis=10)
-    inner = bsp._batch_processor
-    real_shutdown = inner.shutdown
-    inner.shutdown = lambda timeout_millis=30000: real_shutdown(timeout_millis=300)  # the SDK waits 30 s
-    processor = DropCountingProcessor(bsp, "otlp")
+    processor = LossCountingProcessor(exporter, "otlp", shutdown_timeout_s=0.3, max_export_batch_size=1,
+                                      schedule_delay_millis=10)
     make_pipeline([processor])
     events.samples_created([f"u{i}" for i in range(5)], step=1, trainer="RayPPOTrainer")
     events.samples_finished([f"u{i}" for i in range(5)], "trained")
     assert exporter.entered.wait(5)
     processor.shutdown()  # times out with one batch in flight and the rest queued
-    queued = health.snapshot()["dropped"].get("otlp", 0)
-    assert queued >= 3
+    assert health.snapshot()["dropped"] == {"otlp": 5}  # every span: none was delivered
     exporter.release.set()
-    inner._worker_thread.join(5)
-    processor.shutdown()  # idempotent: nothing counted twice
+    processor.shutdown()  # idempotent: the late failures are not counted twice
     assert health.snapshot()["dropped"] == {"otlp": 5}
+
+
+def test_spans_dropped_from_a_full_queue_are_counted_at_the_next_flush(make_pipeline):
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
+
+    class Slow(SpanExporter):
+        def __init__(self):
+            self.release = threading.Event()
+            self.count = 0
+
+        def export(self, spans):
+            self.release.wait(10)
+            self.count += len(spans)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+
+    exporter = Slow()
+    processor = LossCountingProcessor(exporter, "otlp", max_queue_size=4, max_export_batch_size=4,
+                                      schedule_delay_millis=60_000)
+    make_pipeline([processor])
+    events.samples_created([f"u{i}" for i in range(20)], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([f"u{i}" for i in range(20)], "trained")
+    exporter.release.set()
+    assert processor.force_flush()
+    assert exporter.count + health.snapshot()["dropped"].get("otlp", 0) == 20
+    assert exporter.count < 20
+    processor.shutdown()
+    assert exporter.count + health.snapshot()["dropped"].get("otlp", 0) == 20
 
 
 # --------------------------------------------------------------------------- 6. Ray worker killed

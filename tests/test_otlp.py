@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import fault_workload as w
 from otel_verl import health
 from otel_verl.exporters.otlp import MAX_REQUEST_BYTES, RequestSplittingExporter, encoded_size
-from otel_verl.sampling import DropCountingProcessor
+from otel_verl.exporters.loss_counting import LossCountingProcessor
 
 from test_otlp_json_file import make_spans
 
@@ -107,7 +107,7 @@ def test_a_failed_request_ends_the_batch_and_only_undelivered_spans_count_as_los
     recorder = RecordingExporter(failing=2, raising=raising)
     exporter = RequestSplittingExporter(recorder, max_request_bytes=100_000)
     # as bootstrap builds the OTLP output; one batch for all spans
-    processor = DropCountingProcessor(BatchSpanProcessor(exporter, schedule_delay_millis=60_000), "otlp")
+    processor = LossCountingProcessor(exporter, "otlp", schedule_delay_millis=60_000)
     spans = content_spans(40, processor)
     assert processor.force_flush()
     first, second = recorder.requests[:2]

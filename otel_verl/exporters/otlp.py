@@ -41,7 +41,7 @@ class RequestSplittingExporter(SpanExporter):
     The first request that fails ends the batch: against a refusing or unreachable
     endpoint every further request would wait out the exporter's timeout and retries
     again. ``failed_spans`` says how many spans of the last batch were not delivered, so
-    that the loss counting (:class:`otel_verl.sampling.DropCountingProcessor`) counts
+    that the loss counting (:class:`otel_verl.exporters.loss_counting.LossCountingProcessor`) counts
     those rather than the whole batch."""
 
     def __init__(self, exporter: SpanExporter, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:

@@ -72,7 +72,7 @@ class OtlpJsonFileExporter(SpanExporter):
             try:
                 self._append(data)
             except Exception as exc:  # OSError mostly: disk full, no directory, ...
-                # the caller (DropCountingProcessor) counts the batch's spans as dropped
+                # the caller (LossCountingProcessor) counts the batch's spans as dropped
                 health.record_failure(f"{_OUTPUT}.write", exc)
                 self._close()
                 return SpanExportResult.FAILURE
