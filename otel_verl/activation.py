@@ -57,8 +57,9 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
     """Install the verl wrappers in this process when tracing is switched on.
 
     ``env_defaults`` fills variables this process lacks (self-activation from a
-    carrier). The tracer provider itself is built lazily by the first wrapper that
-    fires, which knows the process's role. Returns whether tracing is on.
+    carrier). The tracer provider itself is built lazily, by
+    :func:`otel_verl.bootstrap.provider_for_role` when the first wrapper fires: only
+    the wrappers know the process's role. Returns whether tracing is on.
     """
     global _activated_pid
     try:
@@ -71,11 +72,12 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
             if not settings.load().enabled:
                 return False
             _activated_pid = _pid
+        from otel_verl import bootstrap
         from otel_verl.instrumentation import VerlInstrumentor
 
         instrumentor = VerlInstrumentor()
         if not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument()
+            instrumentor.instrument(provider_for_role=bootstrap.provider_for_role)
         return True
     except settings.ConfigError as exc:
         logger.error("otel_verl: tracing stays off: %s", exc)
