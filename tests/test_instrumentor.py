@@ -1,6 +1,7 @@
 """VerlInstrumentor as an opentelemetry-python-contrib instrumentor: it reports to the
 provider it is given (or the global one) and builds none; otel_verl's configurator hands
-it ``provider_for_role`` instead. Each case runs in a fresh interpreter: instrumenting and providers are process-wide."""
+it ``provider_for_role`` instead. Carriers name the configurator only where one runs.
+Each case runs in a fresh interpreter: instrumenting and providers are process-wide."""
 
 import os
 import subprocess
@@ -92,3 +93,45 @@ def test_provider_for_role_is_asked_once_by_the_first_wrapper_that_fires():
     """)
     assert out.strip() == "ok"
 
+
+CARRIER = """
+    import pickle, pickletools, sys
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from otel_verl import carriers
+    span = NonRecordingSpan(SpanContext(0x1234, 0x5678, False, TraceFlags(TraceFlags.SAMPLED)))
+    data = pickle.dumps(carriers.TraceCarrier.from_span(span, {"uid": "u-1"}))
+    names = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("GLOBAL", "STACK_GLOBAL", "SHORT_BINUNICODE")]
+    print(data.hex(), [n for n in names if isinstance(n, str) and n.startswith(("otel_verl", "restore"))])
+"""
+
+RECEIVE = """
+    import pickle, sys
+    carrier = pickle.loads(bytes.fromhex(sys.argv[1]))
+    from otel_verl import carriers
+    from otel_verl.instrumentation import hooks
+    assert carriers.take_arrived("u-1") is carrier
+    print(carrier.headers["traceparent"], "otel_verl.activation" in sys.modules, bool(hooks.status()))
+"""
+
+
+def _receive(data_hex: str, env: dict) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RECEIVE), data_hex], env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout.strip()
+
+
+def test_a_carrier_sent_without_the_configurator_unpickles_without_it():
+    data, names = _run(CARRIER, {"OTEL_VERL_ENABLED": "1"}).split(" ", 1)
+    assert eval(names) == ["otel_verl.carriers", "restore"]  # noqa: S307 - our own repr
+    traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
+    assert _receive(data, {"OTEL_VERL_ENABLED": "1"}) == f"{traceparent} False False"
+
+
+def test_a_carrier_sent_by_the_configurator_switches_tracing_on_where_it_arrives():
+    data, names = _run("import otel_verl.activation\n" + textwrap.dedent(CARRIER), {"OTEL_VERL_ENABLED": "1"}).split(" ", 1)
+    assert eval(names) == ["otel_verl.activation", "restore_carrier"]  # noqa: S307 - our own repr
+    traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
+    # the receiver has no tracing variables of its own: the carrier brought them
+    assert _receive(data, {}) == f"{traceparent} True True"
