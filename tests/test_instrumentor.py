@@ -135,3 +135,24 @@ def test_a_carrier_sent_by_the_configurator_switches_tracing_on_where_it_arrives
     traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
     # the receiver has no tracing variables of its own: the carrier brought them
     assert _receive(data, {}) == f"{traceparent} True True"
+
+
+def test_without_a_provider_spans_go_where_configure_sent_them_beside_a_foreign_global():
+    out = _run("""
+        from opentelemetry import trace
+        import otel_verl
+        from otel_verl import bootstrap
+        from otel_verl.instrumentation import VerlInstrumentor
+
+        theirs, their_spans = provider_with_exporter()  # e.g. sglang's, set in its server process first
+        trace.set_tracer_provider(theirs)
+        assert otel_verl.configure(force=True)
+        our_spans = InMemorySpanExporter()
+        bootstrap.provider().add_span_processor(SimpleSpanProcessor(our_spans))
+        VerlInstrumentor().instrument()
+        one_sample("u-1")
+        assert [s.name for s in our_spans.get_finished_spans()] == ["verl.sample"]
+        assert their_spans.get_finished_spans() == ()
+        print("ok")
+    """)
+    assert out.strip() == "ok"

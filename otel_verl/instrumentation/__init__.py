@@ -22,6 +22,7 @@ from typing import Any, Collection, List
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
+from otel_verl import events
 from otel_verl.instrumentation import hooks, tracing
 from otel_verl.instrumentation.package import _instruments
 
@@ -54,7 +55,8 @@ def all_hooks() -> List[hooks.Hook]:
 class VerlInstrumentor(BaseInstrumentor):
     """``instrument(tracer_provider=None, provider_for_role=None)``: spans go to
     ``tracer_provider``; without one, to the provider ``provider_for_role(role)`` returns
-    when the first wrapper fires; without either, to the global provider."""
+    when the first wrapper fires; without either, to the provider the events API already
+    reports to (``otel_verl.configure`` ran here), else to the global one."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -64,8 +66,9 @@ class VerlInstrumentor(BaseInstrumentor):
         provider_for_role = kwargs.get("provider_for_role")
         if tracer_provider is None and provider_for_role is not None:
             tracing.provide_on_first_use(provider_for_role)
-        else:
+        elif tracer_provider is not None or not events.enabled():
             tracing.use_provider(tracer_provider)
+        # else configure() kept its own provider beside another library's global one: so do we
         hooks.install_all(all_hooks())
 
     def _uninstrument(self, **kwargs: Any) -> None:
