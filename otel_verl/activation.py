@@ -14,6 +14,10 @@ Each must install the wrappers itself. Four ways in, from most to least explicit
 4. Self-activation: unpickling a :class:`otel_verl.carriers.TraceCarrier` in a process
    where tracing is off turns it on with the settings the carrier brought along (verl
    overrides per-actor runtime envs in places, which can drop the job's setup hook).
+   A carrier is unpickled by :func:`restore_carrier`, which pickle names by its module
+   path: importing this module registers it with :mod:`otel_verl.carriers`, and a
+   process that receives such a carrier imports this module to unpickle it. The
+   instrumentation itself never imports this module nor :mod:`otel_verl.bootstrap`.
 
 Everything here is idempotent and never raises.
 """
@@ -25,7 +29,7 @@ import os
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
-from otel_verl import health, settings
+from otel_verl import carriers, health, settings
 
 logger = logging.getLogger("otel_verl")
 
@@ -57,8 +61,9 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
     """Install the verl wrappers in this process when tracing is switched on.
 
     ``env_defaults`` fills variables this process lacks (self-activation from a
-    carrier). The tracer provider itself is built lazily by the first wrapper that
-    fires, which knows the process's role. Returns whether tracing is on.
+    carrier). The tracer provider itself is built lazily, by
+    :func:`otel_verl.bootstrap.provider_for_role` when the first wrapper fires: only
+    the wrappers know the process's role. Returns whether tracing is on.
     """
     global _activated_pid
     try:
@@ -71,11 +76,12 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
             if not settings.load().enabled:
                 return False
             _activated_pid = _pid
+        from otel_verl import bootstrap
         from otel_verl.instrumentation import VerlInstrumentor
 
         instrumentor = VerlInstrumentor()
         if not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument()
+            instrumentor.instrument(provider_for_role=bootstrap.provider_for_role)
         return True
     except settings.ConfigError as exc:
         logger.error("otel_verl: tracing stays off: %s", exc)
@@ -89,6 +95,19 @@ def activate_from_carrier(env: Mapping[str, str]) -> None:
     """Self-activation (see module docs); a no-op where tracing already runs."""
     if _activated_pid != _pid:
         activate(env)
+
+
+def restore_carrier(
+    headers: Dict[str, str], env: Optional[Mapping[str, str]], row: Optional[Mapping[str, Any]] = None
+) -> "carriers.TraceCarrier":
+    """Unpickles a carrier sent from a process where this module was imported: switches
+    tracing on here first, with the settings it brought along (see module docs)."""
+    if env is not None:
+        activate_from_carrier(env)  # never raises: unpickling never fails because of tracing
+    return carriers.restore(headers, env, row)
+
+
+carriers.restore_with(restore_carrier)
 
 
 def is_active() -> bool:

@@ -15,6 +15,10 @@ trace id, but a sample it drops is still *recorded* so the legacy outputs stay c
 only OTLP exporters skip it. When another library already installed a global provider
 (sglang does in its server process) it is left in place: otel_verl keeps its own
 provider for its spans instead of fighting over the global one.
+
+The provider is handed to the instrumentation (the events API and the verl wrappers,
+:mod:`otel_verl.instrumentation`), which never imports this module: in a Ray worker
+the wrappers ask for it through :func:`provider_for_role` when they first fire.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import uuid
 from typing import Any, FrozenSet, List, Optional
 
 from otel_verl import health, settings as settings_mod
-from otel_verl.semconv import INSTRUMENTATION_NAME, Role
+from otel_verl.semconv import Role
 from otel_verl import semconv as sc
 
 logger = logging.getLogger("otel_verl")
@@ -85,6 +89,13 @@ def ensure(role: "Role | str | None" = None) -> bool:
     return configure(role=role)
 
 
+def provider_for_role(role: "Role | str") -> Any:
+    """What :class:`otel_verl.instrumentation.VerlInstrumentor` asks for when its first
+    wrapper fires in a process: this process's provider, built for ``role`` if there is
+    none yet; ``None`` when tracing is off here."""
+    return _provider if ensure(role) else None
+
+
 def known_off() -> bool:
     """This process's settings were read and say tracing is off (wrappers then step aside
     without reading their arguments; :func:`configure` reads the settings again)."""
@@ -122,18 +133,15 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_verl import events
+    from otel_verl.instrumentation import tracing
     from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
-    from otel_verl.version import __version__
 
-    id_generator = UidIdGenerator()
-    sampler = record_dropped_samples()
     global _processors
     _processors = IsolatingSpanProcessor()
     tracer_provider = TracerProvider(
         resource=_resource(role),
-        sampler=sampler,
-        id_generator=id_generator,
+        sampler=record_dropped_samples(),
+        id_generator=UidIdGenerator(),
         # a raising span processor is counted (health), never raised into training code
         active_span_processor=_processors,
     )
@@ -146,8 +154,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
         trace.set_tracer_provider(tracer_provider)
     else:
         logger.info("otel_verl: a global TracerProvider is already installed; otel_verl keeps its own")
-    tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, __version__)
-    events._install(events._Runtime(tracer, id_generator, cfg, sampler))
+    tracing.use_provider(tracer_provider, cfg)  # the events API reports to it
     return tracer_provider
 
 
@@ -314,11 +321,6 @@ def flush(timeout_s: float = 30.0) -> bool:
         return False
 
 
-def flush_in_actor(actor: Any = None) -> bool:
-    """:func:`flush` for ``actor.__ray_call__`` (which passes the actor instance)."""
-    return flush()
-
-
 def shutdown() -> None:
     """End open sample spans, flush every output, stop the exporters. Idempotent."""
     global _provider
@@ -327,6 +329,7 @@ def shutdown() -> None:
     if provider is None:
         return
     from otel_verl import events
+    from otel_verl.instrumentation import tracing
 
     try:
         events.end_open_samples()
@@ -335,7 +338,7 @@ def shutdown() -> None:
     except Exception as exc:
         health.record_failure("bootstrap.shutdown", exc)
     finally:
-        events._install(None)
+        tracing.stop()
         _legacy.clear()
         _report_losses()
 

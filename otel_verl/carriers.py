@@ -7,9 +7,11 @@ a v1 TensorDict, or a reserved key of a dict argument. Every ``inject_*`` has a
 ``pop_*`` twin that the receiving side calls *before* verl or user code sees the data,
 so no carrier leaks into reward DataProtos, TransferQueue or ``extra_fields``.
 
-A carrier value is a :class:`TraceCarrier`. Unpickling one in a process where tracing
-is not yet active activates it (see :mod:`otel_verl.activation`): a Ray worker whose
-runtime env lost the job's setup hook still starts tracing on the first traced data.
+A carrier value is a :class:`TraceCarrier`. A configurator may name the function that
+unpickles the carriers a process sends (:func:`restore_with`): otel_verl's names one
+that first switches tracing on in a receiving process where it is off (see
+:mod:`otel_verl.activation`), so a Ray worker whose runtime env lost the job's setup
+hook still starts tracing on the first traced data. This module imports no configurator.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-from otel_verl import activation as _activation  # (imported once: carriers are unpickled row by row)
 
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
 META_KEY = "otel_traceparent"  # DataProto meta_info key (one carrier for the whole batch)
@@ -55,8 +55,8 @@ class TraceCarrier:
         """The same context (shared headers object: pickled once) with per-row facts."""
         return TraceCarrier(self.headers, self.activation, row)
 
-    def __reduce__(self):  # noqa: D105 - pickled by reference to _restore
-        return (_restore, (self.headers, self.activation, self.row))
+    def __reduce__(self):  # noqa: D105 - pickled by reference to the restoring function
+        return (_restorer, (self.headers, self.activation, self.row))
 
     def __repr__(self) -> str:
         return f"TraceCarrier({self.headers.get('traceparent')})"
@@ -68,18 +68,26 @@ class TraceCarrier:
         return hash(self.headers.get("traceparent"))
 
 
-def _restore(
+def restore(
     headers: Dict[str, str], activation: Optional[Mapping[str, str]], row: Optional[Mapping[str, Any]] = None
 ) -> TraceCarrier:
-    if activation is not None:
-        try:
-            _activation.activate_from_carrier(activation)
-        except Exception:  # never let unpickling fail because of tracing
-            pass
+    """The carrier as unpickled; a row's carrier is kept for its uid (:func:`take_arrived`)."""
     carrier = TraceCarrier(headers, activation, row)
     if row and row.get("uid") is not None:
         _note_arrival(str(row["uid"]), carrier)
     return carrier
+
+
+_restorer: Callable[..., TraceCarrier] = restore
+
+
+def restore_with(restorer: Callable[..., TraceCarrier]) -> None:
+    """Carriers pickled in this process from now on are unpickled by ``restorer(headers,
+    activation, row)``, which ends by returning :func:`restore`'s carrier. Pickle names
+    it by module path: a module-level function, whose module the receiving process
+    imports to unpickle the carrier."""
+    global _restorer
+    _restorer = restorer
 
 
 # v1 rows reach the worker inside a TensorDict chunk, and verl starts each prompt's task

@@ -139,18 +139,20 @@ class _Gated:
         return batch
 
 
-def test_wrappers_step_aside_while_tracing_is_off(make_pipeline, monkeypatch):
+def test_wrappers_step_aside_while_tracing_is_off(make_pipeline):
     """Installed but off: a reporting wrapper is not called at all without an events
-    runtime; a wrapper that may switch tracing on is, until the settings said off."""
+    runtime; a wrapper that may switch tracing on is, until the configurator's
+    ``provider_for_role`` said off (asked once)."""
     import sys
     import types
 
-    from otel_verl import bootstrap, settings
+    from otel_verl.instrumentation import tracing
 
     module = types.ModuleType("fake_gated_mod")
     module.Target = _Gated
     sys.modules["fake_gated_mod"] = module
     calls = []
+    asked = []
 
     def wrapper(wrapped, instance, args, kwargs):
         calls.append(wrapped.__name__)
@@ -162,11 +164,11 @@ def test_wrappers_step_aside_while_tracing_is_off(make_pipeline, monkeypatch):
             hooks.Hook("fake_gated_mod", "Target.starts", wrapper, ("batch",), gate=hooks.STARTS),
         ])
         target = _Gated()
-        monkeypatch.setattr(bootstrap, "_settings", None)
+        tracing.provide_on_first_use(lambda role: asked.append(role))  # None: tracing off here
         assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts"]  # settings not read yet: it may be the one to switch tracing on
-        monkeypatch.setattr(bootstrap, "_settings", settings.load({"OTEL_VERL_ENABLED": "0"}))
-        assert bootstrap.known_off() and not bootstrap.ensure()
+        assert calls == ["starts"]  # not asked yet: it may be the one to switch tracing on
+        assert not tracing.ensure("trainer") and not tracing.ensure("trainer")
+        assert asked == ["trainer"] and tracing.known_off()
         assert target.reports(1) == 1 and target.starts(2) == 2
         assert calls == ["starts"]
         make_pipeline()  # an events runtime: tracing on
@@ -174,6 +176,7 @@ def test_wrappers_step_aside_while_tracing_is_off(make_pipeline, monkeypatch):
         assert calls == ["starts", "reports", "starts"]
     finally:
         hooks.uninstall_all()
+        tracing.provide_on_first_use(None)
         del sys.modules["fake_gated_mod"]
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, List, Optional
 
-from otel_verl import bootstrap, events, health
+from otel_verl import events, health
+from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Outcome, Role, Stage
 
@@ -71,7 +72,7 @@ def fit_wrapper(
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
-            bootstrap.ensure(Role.TRAINER)
+            tracing.ensure(Role.TRAINER)
             current.bind(instance, name, layout_of(instance))
             fit_started(instance)
         except Exception as exc:
@@ -108,7 +109,7 @@ def fit_finished(actors: List[Any]) -> None:
     """End what the step loop left open and make every process write its spans out."""
     end_record_metrics()
     events.step_end()
-    bootstrap.flush()
+    tracing.flush()
     flush_actors(actors)
 
 
@@ -124,7 +125,7 @@ def flush_actors(handles: List[Any], timeout_s: float = 30.0) -> None:
     try:
         import ray
 
-        refs = [handle.__ray_call__.remote(bootstrap.flush_in_actor) for handle in handles]
+        refs = [handle.__ray_call__.remote(tracing.flush_in_actor) for handle in handles]
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     except Exception as exc:
         health.record_failure("trainer.flush_actors", exc)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from otel_verl import bootstrap, carriers, events, health
+from otel_verl import carriers, events, health
+from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import ArgReader, arg, bound, self_and_args
 from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
@@ -63,11 +64,11 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
-    if not events.enabled() and bootstrap.known_off():  # off here: only keep our carrier out of verl
+    if not events.enabled() and tracing.known_off():  # off here: only keep our carrier out of verl
         carriers.pop_kwargs(kwargs)
         return await wrapped(*args, **kwargs)
     try:
-        bootstrap.ensure(_ROLE)
+        tracing.ensure(_ROLE)
         # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
         # holds the wrapper: the reader finds self either way.
         worker, (trajectory,) = _run_agent_loop_args.with_self(wrapped, instance, args, kwargs)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_verl import bootstrap, carriers, events, health
+from otel_verl import carriers, events, health
+from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import bound
 from otel_verl.instrumentation.hooks import STARTS, Hook
 from otel_verl.semconv import Role
@@ -43,7 +44,7 @@ async def _async_kv_put(wrapped, instance, args, kwargs):
 
 
 def _prompt_running(uid: Any) -> None:
-    bootstrap.ensure(Role.AGENT_LOOP_WORKER)
+    tracing.ensure(Role.AGENT_LOOP_WORKER)
     carrier = carriers.take_arrived(uid)
     row = getattr(carrier, "row", None) or {}
     events.prompt_task_started(

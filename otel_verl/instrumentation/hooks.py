@@ -22,8 +22,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import wrapt
 from opentelemetry.instrumentation.utils import unwrap
 
-from otel_verl import bootstrap, health
+from otel_verl import health
 from otel_verl.events import _core as _events_core
+from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._wrapper import owner_of, wrap
 
 logger = logging.getLogger("otel_verl")
@@ -62,7 +63,7 @@ class _Patch:
 # What a wrapper does decides when it can step aside (installed but tracing off costs a
 # wrapt call and one check, not an argument binding):
 REPORTS = "reports"  # only reports events: skipped while this process has no events runtime
-STARTS = "starts"  # may switch tracing on in its process: skipped once the settings said off
+STARTS = "starts"  # may switch tracing on in its process: skipped once that was found off
 ALWAYS = "always"  # moves carriers out of verl's data or installs more hooks: always runs
 
 
@@ -72,7 +73,7 @@ _reports_enabled = functools.partial(operator.attrgetter("_runtime"), _events_co
 
 
 def _starts_enabled() -> bool:
-    return _events_core._runtime is not None or not bootstrap.known_off()
+    return _events_core._runtime is not None or not tracing.known_off()
 
 
 # wrapt's ``enabled`` check, asked before each call: a wrapper that steps aside is not

@@ -7,12 +7,13 @@ every key optional, names vary by version) is read from ``TokenizerManager.gener
 and returned to the worker in ``extra_fields`` for the trajectory JSONL. When sglang's own
 tracing is on, our context is passed as ``external_trace_header`` so engine spans nest
 under the turn. sglang installs its own global TracerProvider in this process; otel_verl
-keeps its own (see :mod:`otel_verl.bootstrap`).
+keeps its own (see ``otel_verl.configure``).
 """
 
 from __future__ import annotations
 
-from otel_verl import bootstrap, carriers, events, health
+from otel_verl import carriers, events, health
+from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import bound, replaced
 from otel_verl.instrumentation.hooks import STARTS, Hook
 from otel_verl.semconv import Role
@@ -31,7 +32,7 @@ def _server_generate(provider: str):
             original, headers = carriers.untag_request_id(values.get("request_id"))
             if headers is not None:  # an untagged id comes from an untraced caller: not ours
                 args, kwargs = replaced(wrapped, instance, args, kwargs, "request_id", original)
-                bootstrap.ensure(Role.LLM_SERVER)
+                tracing.ensure(Role.LLM_SERVER)
                 call = events.llm_server_call(headers, request_id=str(original), provider=provider)
         except Exception as exc:
             health.record_failure("llm_server.generate", exc)

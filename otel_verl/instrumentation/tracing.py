@@ -1,0 +1,146 @@
+"""Which TracerProvider the wrappers and the events API report to in this process.
+
+As in opentelemetry-python-contrib, the instrumentation builds no provider: it uses the
+one it is given (``VerlInstrumentor().instrument(tracer_provider=...)``), else the global
+one. A configurator that builds providers (``otel_verl.configure``, the Ray setup hook)
+may instead hand over ``provider_for_role``: the provider is then asked for by the first
+wrapper that fires, because only the wrappers know their process's role (trainer,
+rollout worker, LLM server), and the role decides the provider's resource and outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable, Optional
+
+from opentelemetry import trace
+
+from otel_verl import health, settings as settings_mod
+from otel_verl.events import _core as _events_core
+from otel_verl.semconv import INSTRUMENTATION_NAME
+from otel_verl.version import __version__
+
+logger = logging.getLogger("otel_verl")
+
+ProviderForRole = Callable[[str], Optional[Any]]  # role -> TracerProvider, or None: tracing off here
+
+_lock = threading.RLock()
+_provider: Any = None  # what the events runtime reports to (None: no runtime installed here)
+_provider_for_role: Optional[ProviderForRole] = None
+_said_off = False  # provider_for_role answered None: the wrappers step aside
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at fork time
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Settings] = None) -> bool:
+    """Make the events API report to ``tracer_provider`` (the global one when ``None``).
+
+    ``settings`` (otel_verl's own switches: open-sample bound, validation, message
+    content) are read from the environment when not given. Handing over the provider
+    the events API already reports to keeps its open samples. Returns whether the
+    events API reports to a provider now; never raises.
+    """
+    global _provider
+    provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+    try:
+        with _lock:
+            if provider is _provider and _events_core._runtime is not None:
+                return True
+            cfg = settings if settings is not None else settings_mod.load()
+            tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
+            _events_core._install(_events_core._Runtime(tracer, _id_generator(provider), cfg,
+                                                        getattr(provider, "sampler", None)))
+            _provider = provider
+            return True
+    except settings_mod.ConfigError as exc:
+        logger.error("otel_verl: tracing stays off: %s", exc)
+    except Exception as exc:
+        health.record_failure("instrumentation.use_provider", exc)
+    return False
+
+
+def _id_generator(provider: Any) -> Any:
+    ids = getattr(provider, "id_generator", None)
+    if hasattr(ids, "next_ids"):
+        return ids
+    logger.info("otel_verl: the TracerProvider's id generator is not otel_verl.sampling.UidIdGenerator: "
+                "sample root spans get its ids, not ids derived from their uid")
+    return _ProviderIds()
+
+
+class _ProviderIds:
+    """For a provider with an id generator of its own: sample roots get its ids."""
+
+    def next_ids(self, trace_id: int, span_id: int) -> None:
+        pass
+
+
+def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
+    """Ask ``provider_for_role(role)`` for the provider when the first wrapper fires in a
+    process with no events runtime (see :func:`ensure`); ``None`` forgets it."""
+    global _provider_for_role, _said_off
+    with _lock:
+        _provider_for_role, _said_off = provider_for_role, False
+
+
+def ensure(role: str) -> bool:
+    """Called by the wrappers that may be the first to fire in their process: whether the
+    events API reports to a provider, asking ``provider_for_role`` once when it does not."""
+    global _said_off
+    if _events_core._runtime is not None:
+        return True
+    ask = _provider_for_role
+    if ask is None or _said_off:
+        return False
+    try:
+        provider = ask(role)
+    except Exception as exc:
+        health.record_failure("instrumentation.provider_for_role", exc)
+        provider = None
+    if provider is None:
+        _said_off = True
+        return False
+    return use_provider(provider)
+
+
+def known_off() -> bool:
+    """No events runtime here, and none will come from a first wrapper call: wrappers
+    step aside without reading their arguments."""
+    return _events_core._runtime is None and (_provider_for_role is None or _said_off)
+
+
+def stop() -> None:
+    """The events API reports nowhere (the provider is being shut down)."""
+    global _provider
+    with _lock:
+        _provider = None
+        _events_core._install(None)
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export and write everything the provider the events API reports to has accepted."""
+    provider = _provider
+    if isinstance(provider, trace.ProxyTracerProvider):  # the global one, set since
+        provider = trace.get_tracer_provider()
+    force_flush = getattr(provider, "force_flush", None)  # the API's TracerProvider has none
+    if force_flush is None:
+        return True
+    try:
+        return bool(force_flush(int(timeout_s * 1000)))
+    except Exception as exc:
+        health.record_failure("instrumentation.flush", exc)
+        return False
+
+
+def flush_in_actor(actor: Any = None) -> bool:
+    """:func:`flush` for ``actor.__ray_call__`` (which passes the actor instance)."""
+    return flush()

@@ -1,0 +1,219 @@
+"""The import graph of otel_verl (outside demo/): no cycle, and the instrumentation never
+reaches the configurator.
+
+Every ``import`` / ``from ... import`` of an otel_verl module counts, at module level or
+inside a function (an import moved into a function to dodge a cycle is still an edge),
+and so does ``importlib.import_module("otel_verl...")`` / ``__import__`` with a literal
+name. Importing ``a.b`` also runs ``a/__init__.py``; that implicit edge to the parent
+package is left out: a package that re-exports its submodules would otherwise be in a
+cycle with each of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, List, Optional, Set, Tuple
+
+import otel_verl
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(otel_verl.__file__))
+LEFT_OUT = ("otel_verl.demo",)  # stand-ins and demo drivers, not the library
+
+# The configurator: builds providers, processors, the export process, switches tracing on.
+CONFIGURATOR = ("otel_verl.bootstrap", "otel_verl.activation")
+# The instrumentation: wrappers around verl and the events API they report to.
+INSTRUMENTATION = ("otel_verl.instrumentation", "otel_verl.events")
+
+Edge = Tuple[str, str, str]  # (importer, imported, "path:line")
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, os.path.dirname(PACKAGE_DIR))[: -len(".py")]
+    parts = rel.split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _sources() -> Dict[str, str]:
+    out = {}
+    for root, _, files in os.walk(PACKAGE_DIR):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                module = _module_name(path)
+                if not _within(module, LEFT_OUT):
+                    out[module] = path
+    return out
+
+
+def _within(module: str, packages: Tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+def _is_package(path: str) -> bool:
+    return os.path.basename(path) == "__init__.py"
+
+
+def _resolve(name: str, modules: Set[str]) -> Optional[str]:
+    """The deepest otel_verl module ``name`` names (``a.b.func`` -> ``a.b``)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, modules: Set[str]) -> Set[str]:
+    """The otel_verl modules an import node loads (``from x import y``: ``x.y`` when y is
+    a submodule, else ``x``)."""
+    names: List[str] = []
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        if node.level:
+            package = module if is_package else module.rpartition(".")[0]
+            for _ in range(node.level - 1):
+                package = package.rpartition(".")[0]
+            base = f"{package}.{node.module}" if node.module else package
+        else:
+            base = node.module or ""
+        names = [f"{base}.{alias.name}" for alias in node.names]
+    elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+            names = [node.args[0].value]
+    return {target for target in (_resolve(name, modules) for name in names) if target and target != module}
+
+
+def import_graph() -> List[Edge]:
+    sources = _sources()
+    modules = set(sources)
+    edges: List[Edge] = []
+    for module, path in sorted(sources.items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            where = f"{os.path.relpath(path, os.path.dirname(PACKAGE_DIR))}:{getattr(node, 'lineno', 0)}"
+            edges += [(module, target, where) for target in sorted(_targets(node, module, _is_package(path), modules))]
+    return edges
+
+
+def _cycles(edges: List[Edge]) -> List[List[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    graph: Dict[str, Set[str]] = {}
+    for src, dst, _ in edges:
+        graph.setdefault(src, set()).add(dst)
+        graph.setdefault(dst, set())
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    out: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def _describe(component: List[str], edges: List[Edge]) -> str:
+    """One cycle through the component's first module, edge by edge."""
+    inside = [edge for edge in edges if edge[0] in component and edge[1] in component]
+    start = component[0]
+    reached = _reachable(start, inside)
+    back = next(edge for edge in inside if edge[1] == start and (edge[0] == start or edge[0] in reached))
+    path = _path(start, back[0], reached) if back[0] != start else ""
+    hops = [hop for hop in path.split("; ") if hop] + [f"{back[0]} -> {back[1]} ({back[2]})"]
+    return f"cycle among {len(component)} modules ({', '.join(component)}):\n  " + "\n  ".join(hops)
+
+
+def _reachable(start: str, edges: List[Edge]) -> Dict[str, Edge]:
+    """Every module ``start`` imports, directly or not, with the edge that first reached it."""
+    by_src: Dict[str, List[Edge]] = {}
+    for edge in edges:
+        by_src.setdefault(edge[0], []).append(edge)
+    seen: Dict[str, Edge] = {}
+    todo = [start]
+    while todo:
+        for edge in by_src.get(todo.pop(), []):
+            if edge[1] not in seen and edge[1] != start:
+                seen[edge[1]] = edge
+                todo.append(edge[1])
+    return seen
+
+
+def _path(start: str, goal: str, reached: Dict[str, Edge]) -> str:
+    hops = []
+    node = goal
+    while node != start:
+        src, dst, where = reached[node]
+        hops.append(f"{src} -> {dst} ({where})")
+        node = src
+    return "; ".join(reversed(hops))
+
+
+def test_the_graph_sees_module_and_function_level_imports():
+    """The scan itself: known edges of both kinds are found, the parent-package edge is not."""
+    edges = {(src, dst) for src, dst, _ in import_graph()}
+    assert ("otel_verl", "otel_verl.bootstrap") in edges  # module level, `from x import name`
+    assert ("otel_verl.bootstrap", "otel_verl.offload.forwarder") in edges  # inside a function
+    assert ("otel_verl.carriers", "otel_verl.settings") in edges  # `from otel_verl import module`, in a function
+    assert ("otel_verl.instrumentation.agent_loop", "otel_verl.instrumentation.hooks") in edges
+    assert not any(dst == "otel_verl.instrumentation" for src, dst in edges if src.startswith("otel_verl.instrumentation."))
+    assert not any(_within(src, LEFT_OUT) for src, _ in edges)
+
+
+def test_cycles_are_found_and_described():
+    edges = [("a", "b", "a.py:1"), ("b", "c", "b.py:2"), ("c", "a", "c.py:3"), ("c", "d", "c.py:4")]
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _describe(["a", "b", "c"], edges).endswith("a -> b (a.py:1)\n  b -> c (b.py:2)\n  c -> a (c.py:3)")
+    assert _path("a", "d", _reachable("a", edges)) == "a -> b (a.py:1); b -> c (b.py:2); c -> d (c.py:4)"
+
+
+def test_no_import_cycle():
+    edges = import_graph()
+    cycles = _cycles(edges)
+    assert not cycles, "\n".join(_describe(c, edges) for c in cycles)
+
+
+def test_the_instrumentation_never_imports_the_configurator():
+    edges = import_graph()
+    starts = sorted({src for src, _, _ in edges if _within(src, INSTRUMENTATION)})
+    assert "otel_verl.instrumentation.hooks" in starts and "otel_verl.events.worker" in starts
+    found = []
+    for start in starts:
+        reached = _reachable(start, edges)
+        found += [_path(start, goal, reached) for goal in CONFIGURATOR if goal in reached]
+    assert not found, "\n".join(found)
+
+
+def test_carriers_never_import_the_configurator():
+    """Unpickling a carrier imports carriers.py: only the function a carrier names (see
+    carriers.restore_with) may bring in the configurator."""
+    reached = _reachable("otel_verl.carriers", import_graph())
+    found = [_path("otel_verl.carriers", goal, reached) for goal in CONFIGURATOR if goal in reached]
+    assert not found, "\n".join(found)

@@ -1,0 +1,158 @@
+"""VerlInstrumentor as an opentelemetry-python-contrib instrumentor: it reports to the
+provider it is given (or the global one) and builds none; otel_verl's configurator hands
+it ``provider_for_role`` instead. Carriers name the configurator only where one runs.
+Each case runs in a fresh interpreter: instrumenting and providers are process-wide."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SPANS = """
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    def provider_with_exporter():
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return provider, exporter
+
+    def one_sample(uid):
+        from otel_verl import events
+        events.samples_created([uid], step=1, trainer="RayPPOTrainer")
+        events.samples_finished([uid], "trained")
+"""
+
+
+def _run(code: str, env: dict | None = None) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SPANS) + textwrap.dedent(code)],
+                          env={**base, **(env or {})}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_spans_go_to_the_provider_given_and_no_provider_is_built():
+    out = _run("""
+        from opentelemetry import trace
+        from otel_verl import bootstrap
+        from otel_verl.instrumentation import VerlInstrumentor, tracing
+
+        provider, exporter = provider_with_exporter()
+        VerlInstrumentor().instrument(tracer_provider=provider)
+        one_sample("u-1")
+        assert tracing.flush()
+        assert [s.name for s in exporter.get_finished_spans()] == ["verl.sample"]
+        assert [s.instrumentation_scope.name for s in exporter.get_finished_spans()] == ["otel_verl"]
+        assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # the global one untouched
+        assert not bootstrap.is_configured()
+        VerlInstrumentor().uninstrument()
+        one_sample("u-2")  # the events API keeps its provider: one's own code may still report
+        assert len(exporter.get_finished_spans()) == 2
+        print("ok")
+    """, {"OTEL_VERL_ENABLED": "1"})
+    assert out.strip() == "ok"
+
+
+def test_without_a_provider_spans_go_to_the_global_one_even_set_later():
+    out = _run("""
+        from opentelemetry import trace
+        from otel_verl.instrumentation import VerlInstrumentor
+
+        VerlInstrumentor().instrument()
+        provider, exporter = provider_with_exporter()
+        trace.set_tracer_provider(provider)
+        one_sample("u-1")
+        assert [s.name for s in exporter.get_finished_spans()] == ["verl.sample"]
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_provider_for_role_is_asked_once_by_the_first_wrapper_that_fires():
+    out = _run("""
+        from otel_verl import events
+        from otel_verl.instrumentation import VerlInstrumentor, tracing
+
+        provider, exporter = provider_with_exporter()
+        asked = []
+
+        def provider_for_role(role):
+            asked.append(role)
+            return provider
+
+        VerlInstrumentor().instrument(provider_for_role=provider_for_role)
+        assert asked == [] and not events.enabled() and not tracing.known_off()
+        assert tracing.ensure("agent_loop_worker") and tracing.ensure("trainer")
+        assert asked == ["agent_loop_worker"]
+        one_sample("u-1")
+        assert [s.name for s in exporter.get_finished_spans()] == ["verl.sample"]
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+CARRIER = """
+    import pickle, pickletools, sys
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from otel_verl import carriers
+    span = NonRecordingSpan(SpanContext(0x1234, 0x5678, False, TraceFlags(TraceFlags.SAMPLED)))
+    data = pickle.dumps(carriers.TraceCarrier.from_span(span, {"uid": "u-1"}))
+    names = [arg for op, arg, _ in pickletools.genops(data) if op.name in ("GLOBAL", "STACK_GLOBAL", "SHORT_BINUNICODE")]
+    print(data.hex(), [n for n in names if isinstance(n, str) and n.startswith(("otel_verl", "restore"))])
+"""
+
+RECEIVE = """
+    import pickle, sys
+    carrier = pickle.loads(bytes.fromhex(sys.argv[1]))
+    from otel_verl import carriers
+    from otel_verl.instrumentation import hooks
+    assert carriers.take_arrived("u-1") is carrier
+    print(carrier.headers["traceparent"], "otel_verl.activation" in sys.modules, bool(hooks.status()))
+"""
+
+
+def _receive(data_hex: str, env: dict) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RECEIVE), data_hex], env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout.strip()
+
+
+def test_a_carrier_sent_without_the_configurator_unpickles_without_it():
+    data, names = _run(CARRIER, {"OTEL_VERL_ENABLED": "1"}).split(" ", 1)
+    assert eval(names) == ["otel_verl.carriers", "restore"]  # noqa: S307 - our own repr
+    traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
+    assert _receive(data, {"OTEL_VERL_ENABLED": "1"}) == f"{traceparent} False False"
+
+
+def test_a_carrier_sent_by_the_configurator_switches_tracing_on_where_it_arrives():
+    data, names = _run("import otel_verl.activation\n" + textwrap.dedent(CARRIER), {"OTEL_VERL_ENABLED": "1"}).split(" ", 1)
+    assert eval(names) == ["otel_verl.activation", "restore_carrier"]  # noqa: S307 - our own repr
+    traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
+    # the receiver has no tracing variables of its own: the carrier brought them
+    assert _receive(data, {}) == f"{traceparent} True True"
+
+
+def test_without_a_provider_spans_go_where_configure_sent_them_beside_a_foreign_global():
+    out = _run("""
+        from opentelemetry import trace
+        import otel_verl
+        from otel_verl import bootstrap
+        from otel_verl.instrumentation import VerlInstrumentor
+
+        theirs, their_spans = provider_with_exporter()  # e.g. sglang's, set in its server process first
+        trace.set_tracer_provider(theirs)
+        assert otel_verl.configure(force=True)
+        our_spans = InMemorySpanExporter()
+        bootstrap.provider().add_span_processor(SimpleSpanProcessor(our_spans))
+        VerlInstrumentor().instrument()
+        one_sample("u-1")
+        assert [s.name for s in our_spans.get_finished_spans()] == ["verl.sample"]
+        assert their_spans.get_finished_spans() == ()
+        print("ok")
+    """)
+    assert out.strip() == "ok"
