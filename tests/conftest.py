@@ -21,7 +21,8 @@ class Pipeline:
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        from otel_verl import events, settings
+        from otel_verl import settings
+        from otel_verl.instrumentation import tracing
         from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
 
         self.exporter = InMemorySpanExporter()
@@ -38,18 +39,19 @@ class Pipeline:
             self.provider.add_span_processor(p)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.settings = settings.load(env or {"OTEL_VERL_ENABLED": "1"})
-        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), self.ids, self.settings, self.sampler))
+        assert tracing.use_provider(self.provider, self.settings)
 
     def spans(self):
         return self.exporter.get_finished_spans()
 
     def close(self) -> None:
         from otel_verl import events
+        from otel_verl.instrumentation import tracing
 
         events.end_open_samples()
         events.end_open_prompt_tasks()
         self.provider.shutdown()
-        events._install(None)
+        tracing.stop()
 
 
 @pytest.fixture

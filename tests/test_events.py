@@ -140,7 +140,9 @@ def test_a_validation_trajectory_is_silent_unless_traced(seen):
 
 
 def test_tracing_off_every_event_is_a_no_op():
-    events._install(None)
+    from otel_verl.instrumentation import tracing
+
+    tracing.stop()
     with events.trajectory("u1", "t1", step=1, agent_name="a") as traj:
         assert traj is None
         with events.llm_call([1]) as turn:
