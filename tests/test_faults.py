@@ -272,6 +272,7 @@ def _malformed_ids():
     ]
 
 
+@pytest.mark.verl
 def test_malformed_ids_write_rows_with_normalised_bounded_ids(make_pipeline, tmp_path):
     from otel_verl.exporters.sample_csv import SampleCsvProcessor
     from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
@@ -343,6 +344,7 @@ def test_malformed_call_arguments_never_raise(make_pipeline):
 # --------------------------------------------------------------------------- 4. hooks missing / renamed
 
 
+@pytest.mark.verl
 @pytest.mark.timeout(120)
 def test_missing_or_renamed_verl_method_is_skipped_with_one_warning():
     code = """
@@ -554,6 +556,8 @@ def _trajectory_actor(ray):
     return TrajectoryActor
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_ray_worker_killed_mid_trajectory(ray_cluster, tmp_path):
     ray = ray_cluster

@@ -470,6 +470,7 @@ def test_a_spans_headers_are_what_the_w3c_propagator_injects():
     assert carriers.headers_of(spans[3])["tracestate"] == "k=v,vendor=x1"
 
 
+@pytest.mark.verl
 def test_the_text_decoder_gives_what_tokenizer_decode_gives():
     import numpy as np
     from transformers import AutoTokenizer
@@ -491,6 +492,7 @@ def test_the_text_decoder_gives_what_tokenizer_decode_gives():
     assert text_decoder(tokenizer) == tokenizer.decode
 
 
+@pytest.mark.verl
 def test_the_tokenizer_functions_reach_the_export_process_as_the_backend_alone(tmp_path):
     """Unpickled in a process without transformers (the export process), the decode and
     encode functions give what the tokenizer's own give, and load neither transformers
