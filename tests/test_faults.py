@@ -41,7 +41,7 @@ import fault_workload as w
 from otel_verl import events, health
 from otel_verl.ids import id_str
 
-TIMEOUT_S = 2.0  # OTEL_EXPORTER_OTLP_TIMEOUT of the OTLP cases (seconds in the Python SDK)
+TIMEOUT_S = 2  # OTEL_EXPORTER_OTLP_TIMEOUT of the OTLP cases, in seconds (SDKs before 1.35 take integers only)
 
 
 # --------------------------------------------------------------------------- helpers
