@@ -113,6 +113,8 @@ LAUNCHED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_launcher_activates_driver_actor_and_nested_actor(tmp_path):
     script = tmp_path / "job.py"

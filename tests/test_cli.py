@@ -103,6 +103,8 @@ def assert_one_line_error(result, *needles: str) -> None:
 # --------------------------------------------------------------------------- report
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_text_on_the_demo(demo):
     trace_dir, spans = demo
     result = cli("report", str(trace_dir))
@@ -119,6 +121,8 @@ def test_report_text_on_the_demo(demo):
     assert out.count(" consistent") == 3
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_numbers_match_the_spans(demo):
     trace_dir, spans = demo
     report = report_json(trace_dir, extra=("--top", "3"))
@@ -201,6 +205,8 @@ def test_report_numbers_match_the_spans(demo):
     assert {c["verdict"] for c in losses["consistency"]} == {"consistent"}
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_reads_otlp_files_and_dirs_alike(demo):
     trace_dir, spans = demo
     files = sorted(str(p) for p in (trace_dir / "otlp").glob("*.jsonl"))
@@ -211,6 +217,8 @@ def test_report_reads_otlp_files_and_dirs_alike(demo):
     assert by_files["losses"]["consistency"] == [] and by_files["inputs"]["legacy_files"]["sample_csv"] == 0
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_png_timeline(demo, tmp_path):
     from PIL import Image
 
@@ -253,6 +261,8 @@ def test_report_png_timeline(demo, tmp_path):
     assert long_layout["steps_total"] == 100
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_tolerates_a_truncated_last_line(demo, tmp_path):
     trace_dir, spans = demo
     copy = tmp_path / "otlp"
@@ -287,6 +297,8 @@ def _attr(span, key):
     return next((kv["value"] for kv in span.get("attributes", ()) if kv["key"] == key), {})
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_report_lists_samples_that_never_finished(demo, tmp_path):
     trace_dir, spans = demo
     roots = sorted((s for s in spans if s["name"] == "verl.sample"), key=lambda s: s["attributes"]["verl.uid"])
@@ -408,6 +420,8 @@ def _span_ids_json(bodies):
                   for ss in rs["scopeSpans"] for s in ss["spans"])
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_sends_every_span_as_otlp_json(demo):
     trace_dir, spans = demo
     with Collector() as collector:
@@ -420,6 +434,8 @@ def test_replay_sends_every_span_as_otlp_json(demo):
     assert f"sent {len(spans)} of {len(spans)} spans ({lines} of {lines} lines" in result.stdout
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 @pytest.mark.parametrize("protocol", ["json", "protobuf"])
 def test_replay_into_jaeger(demo, jaeger_server, protocol):
     """End to end: every trace of the demo, span for span, in a real Jaeger v2."""
@@ -435,6 +451,8 @@ def test_replay_into_jaeger(demo, jaeger_server, protocol):
         assert {s["spanId"] for rs in got["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]} == ids
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_sends_protobuf(demo):
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -453,6 +471,8 @@ def test_replay_sends_protobuf(demo):
     assert got == {s["spanId"]: (s["traceId"], s["name"], s["startTimeUnixNano"]) for s in spans}
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_retries_5xx_then_succeeds(demo):
     trace_dir, spans = demo
     with Collector(statuses=[503, 500]) as collector:
@@ -463,6 +483,8 @@ def test_replay_retries_5xx_then_succeeds(demo):
     assert _span_ids_json(ok) == sorted(s["spanId"] for s in spans)
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_counts_lines_it_could_not_send(demo, tmp_path):
     trace_dir, spans = demo
     lines = sum(1 for p in (trace_dir / "otlp").glob("*.jsonl") for _ in open(p))
@@ -485,6 +507,8 @@ def test_replay_counts_lines_it_could_not_send(demo, tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_bad_input_sends_nothing(demo, tmp_path):
     trace_dir, _ = demo
     foreign = _write(tmp_path / "foreign.jsonl", '{"not": "traces"}\n')
@@ -503,6 +527,7 @@ def test_replay_bad_input_sends_nothing(demo, tmp_path):
 # --------------------------------------------------------------------------- doctor
 
 
+@pytest.mark.verl
 def test_doctor_on_this_machine(tmp_path):
     """The full check, as a user runs it: imports verl, installs the hooks in its own process."""
     import importlib.util
@@ -537,6 +562,7 @@ def _problem_lines(result):
     return [(lines[i], lines[i + 1]) for i, line in enumerate(lines) if line.startswith("problem: ")]
 
 
+@pytest.mark.verl
 def test_doctor_quick_check_passes_with_a_trace_dir(tmp_path):
     result = _doctor({"VERL_TRACE_DIR": str(tmp_path)})
     assert result.exit_code == 0, result.output
@@ -552,6 +578,7 @@ def test_doctor_quick_check_passes_with_a_trace_dir(tmp_path):
     assert "  fix: set VERL_TRACE_DIR or OTEL_EXPORTER_OTLP_ENDPOINT" in result.stdout
 
 
+@pytest.mark.verl
 def test_doctor_bad_setting(tmp_path):
     result = _doctor({"VERL_TRACE_DIR": str(tmp_path), "OTEL_VERL_JSONL_MAX_MB": "lots"})
     assert result.exit_code == 1
@@ -561,6 +588,7 @@ def test_doctor_bad_setting(tmp_path):
     assert result.stdout.splitlines()[-1] == "doctor: 1 problem(s)"
 
 
+@pytest.mark.verl
 def test_doctor_unreachable_and_reachable_endpoint(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -590,6 +618,7 @@ def test_doctor_unreachable_and_reachable_endpoint(tmp_path):
         assert fix.startswith("  fix: set OTEL_EXPORTER_OTLP_TRACES_PROTOCOL to grpc")
 
 
+@pytest.mark.verl
 def test_doctor_unwritable_trace_dir(tmp_path):
     blocker = _write(tmp_path / "a-file", "x")
     result = _doctor({"VERL_TRACE_DIR": str(blocker / "trace")})
@@ -609,6 +638,7 @@ def test_doctor_unwritable_trace_dir(tmp_path):
         assert result.exit_code == 1 and "cannot create a file" in result.stdout
 
 
+@pytest.mark.verl
 def test_doctor_verl_outside_the_supported_range(monkeypatch, tmp_path):
     import otel_verl.cli as cli_module
 
@@ -623,6 +653,7 @@ def test_doctor_verl_outside_the_supported_range(monkeypatch, tmp_path):
     assert result.exit_code == 1 and "problem: verl: not installed" in result.stdout
 
 
+@pytest.mark.verl
 def test_doctor_required_hook_skipped(monkeypatch, tmp_path):
     """A required hook whose target drifted, or whose module cannot be imported, fails the
     check; an LLM-server hook whose engine is not installed here is only noted."""

@@ -50,6 +50,7 @@ def test_config_files_found():
             "otelcol-file-jaeger.yaml", "otelcol-replay.yaml", "otelcol-compose.yaml"} <= names
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("config", OTELCOL_CONFIGS, ids=lambda p: p.name)
 def test_otelcol_validate(config, tmp_path):
     binary = ob.require_binary("otelcol")
@@ -57,6 +58,7 @@ def test_otelcol_validate(config, tmp_path):
     assert res.returncode == 0, f"{config.name}:\n{res.stdout}\n{res.stderr}"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("config", OTELCOL_CONFIGS, ids=lambda p: p.name)
 def test_otelcol_configs_have_defaults(config, tmp_path):
     """With no env overrides at all (as in docker-compose) the configs still
@@ -70,6 +72,7 @@ def test_otelcol_configs_have_defaults(config, tmp_path):
     assert res.returncode == 0, f"{config.name}:\n{res.stdout}\n{res.stderr}"
 
 
+@pytest.mark.e2e
 def test_otelcol_validate_rejects_bad_config(tmp_path):
     """`validate` really checks component configs (append + rotation is invalid)."""
     binary = ob.require_binary("otelcol")
@@ -84,6 +87,7 @@ def test_otelcol_validate_rejects_bad_config(tmp_path):
     assert "append and rotation" in res.stdout + res.stderr
 
 
+@pytest.mark.e2e
 def test_jaeger_validate(tmp_path):
     binary = ob.require_binary("jaeger")
     res = run_validate(binary, ob.CONFIG_DIR / "jaeger.yaml", {})
@@ -130,6 +134,7 @@ def read_span_ids(files: list[Path]) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.e2e
 def test_smoke_otelcol_files_and_jaeger_then_replay(jaeger_server, otelcol_factory, tmp_path):
     trace_dir = tmp_path / "traces"
     run_id = f"smoke-{uuid.uuid4().hex[:8]}"

@@ -15,10 +15,7 @@ import pytest
 from otel_verl.exporters.otlp_json_file import spans_from_files
 from otel_verl.ids import trace_id_for_uid
 
-pytest.importorskip("verl")
-pytest.importorskip("ray")
-
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS, PROMPTS, N = 1, 2, 2
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -15,7 +15,7 @@ from otel_verl.ids import trace_id_for_uid
 
 from demo_checks import by_id, children, csv_rows, matches, progress_lines
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS, PROMPTS, N = 2, 4, 4
 

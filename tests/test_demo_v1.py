@@ -9,14 +9,12 @@ import re
 
 import pytest
 
-pytest.importorskip("transfer_queue")
+from demo_checks import by_id, children, csv_rows, jsonl_lines, matches, progress_lines
+from otel_verl.exporters.otlp_json_file import spans_from_files
+from otel_verl.ids import trace_id_for_uid
+from test_harness_v1 import CHECKS, N, PROMPTS, STEPS
 
-from demo_checks import by_id, children, csv_rows, jsonl_lines, matches, progress_lines  # noqa: E402
-from otel_verl.exporters.otlp_json_file import spans_from_files  # noqa: E402
-from otel_verl.ids import trace_id_for_uid  # noqa: E402
-from test_harness_v1 import CHECKS, N, PROMPTS, STEPS  # noqa: E402
-
-pytestmark = [pytest.mark.timeout(900), pytest.mark.filterwarnings("ignore")]
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(900), pytest.mark.filterwarnings("ignore")]
 
 MODES = ("sync", "colocate_async", "separate_async")
 ASYNC_MODES = ("colocate_async", "separate_async")

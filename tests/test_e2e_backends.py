@@ -201,6 +201,8 @@ def demo_through_collector(tmp_path_factory):
                                    col.process.log_tail(), summary, embedded, jaeger_traces)
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_demo_spans_in_jaeger_are_the_embedded_spans(demo_through_collector):
     d = demo_through_collector
     assert d.summary["steps_run"] == STEPS and d.summary["run_id"] == d.run_id
@@ -218,6 +220,8 @@ def test_demo_spans_in_jaeger_are_the_embedded_spans(demo_through_collector):
     assert {s["resource"]["verl.run_id"] for s in in_jaeger} == {d.run_id}
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_collector):
     d = demo_through_collector
     uid = d.sample_uids[0]
@@ -274,6 +278,8 @@ def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_
     assert {s["resource"]["verl.role"] for s in spans} == {"trainer", "agent_loop_worker", "llm_server"}
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_jaeger_finds_traces_by_service_operation_and_uid(demo_through_collector):
     d = demo_through_collector
     uids = d.sample_uids
@@ -302,6 +308,8 @@ def test_jaeger_finds_traces_by_service_operation_and_uid(demo_through_collector
     assert d.jaeger.find_trace_ids_by_tags("verl", {"verl.uid": uids[0]}) == {"%032x" % trace_id_for_uid(uids[0])}
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_jaeger_2_13_http_api_v3_ignores_attribute_filters(demo_through_collector):
     """Pinned behaviour of Jaeger v2.13: its HTTP API v3 has no attribute filter (the
     gateway passes an empty attribute map), so the parameter spellings one might try
@@ -320,6 +328,8 @@ def test_jaeger_2_13_http_api_v3_ignores_attribute_filters(demo_through_collecto
     assert status == 500 and b"search depth" in body
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_collector_files_hold_the_same_spans_as_jaeger_and_the_embedded_files(demo_through_collector):
     d = demo_through_collector
     assert d.collector_exit == 0, d.collector_log
@@ -340,6 +350,8 @@ def test_collector_files_hold_the_same_spans_as_jaeger_and_the_embedded_files(de
 # --------------------------------------------------------------------------- 2. replay
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_with_otelcol_into_a_fresh_jaeger_gives_the_same_trees(demo_through_collector, otelcol_factory, tmp_path):
     d = demo_through_collector
     fresh = ob.start_jaeger(tmp_path / "jaeger-replay")
@@ -367,6 +379,8 @@ def test_replay_with_otelcol_into_a_fresh_jaeger_gives_the_same_trees(demo_throu
         fresh.process.stop()
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_replay_with_otel_verl_replay_into_a_fresh_jaeger_gives_the_same_trees(demo_through_collector, tmp_path):
     """The same through otel_verl's Python replay (OTLP/JSON POSTs to Jaeger's OTLP/HTTP)."""
     replay_mod = pytest.importorskip("otel_verl.replay")
@@ -594,6 +608,8 @@ def _csv_rows(trace_dir: Path) -> list:
     return rows
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_two_ray_nodes_one_trace_and_node_local_legacy_files():
     # short paths: Ray's unix sockets live under the temp dir (108-byte limit)
@@ -684,6 +700,7 @@ def _load_benchmark():
     return module
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_collector_load_benchmark_quick_loses_no_span(tmp_path):
     ob.require_binary("otelcol")
@@ -739,6 +756,7 @@ bootstrap.shutdown()
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_spans_with_message_content_reach_a_grpc_collector_whole(otelcol_factory, tmp_path):
     """GenAI content capture makes a 512-span batch larger than the 4 MiB a gRPC receiver

@@ -41,7 +41,7 @@ import fault_workload as w
 from otel_verl import events, health
 from otel_verl.ids import id_str
 
-TIMEOUT_S = 2.0  # OTEL_EXPORTER_OTLP_TIMEOUT of the OTLP cases (seconds in the Python SDK)
+TIMEOUT_S = 2  # OTEL_EXPORTER_OTLP_TIMEOUT of the OTLP cases, in seconds (SDKs before 1.35 take integers only)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -272,6 +272,7 @@ def _malformed_ids():
     ]
 
 
+@pytest.mark.verl
 def test_malformed_ids_write_rows_with_normalised_bounded_ids(make_pipeline, tmp_path):
     from otel_verl.exporters.sample_csv import SampleCsvProcessor
     from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
@@ -343,6 +344,7 @@ def test_malformed_call_arguments_never_raise(make_pipeline):
 # --------------------------------------------------------------------------- 4. hooks missing / renamed
 
 
+@pytest.mark.verl
 @pytest.mark.timeout(120)
 def test_missing_or_renamed_verl_method_is_skipped_with_one_warning():
     code = """
@@ -581,6 +583,8 @@ def _trajectory_actor(ray):
     return TrajectoryActor
 
 
+@pytest.mark.verl
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_ray_worker_killed_mid_trajectory(ray_cluster, tmp_path):
     ray = ray_cluster

@@ -15,10 +15,7 @@ import os
 
 import pytest
 
-pytest.importorskip("verl")
-pytest.importorskip("ray")
-
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.filterwarnings("ignore")]
 
 STEPS, PROMPTS, N = 2, 4, 4
 

@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("verl")
-pytest.importorskip("ray")
-pytest.importorskip("transfer_queue")
+from demo_process import run_in_child
 
-from demo_process import run_in_child  # noqa: E402
-
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.filterwarnings("ignore")]
 
 STEPS, PROMPTS, N = 2, 4, 4
 

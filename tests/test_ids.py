@@ -6,7 +6,6 @@ import uuid
 
 import numpy as np
 import pytest
-from tensordict import NonTensorData
 
 from otel_verl.ids import id_list, id_str, root_span_id_for_uid, sample_index, trace_id_for_uid
 
@@ -51,12 +50,18 @@ def test_ids_are_stable_across_processes():
         (np.array(["u1"], dtype=object), "u1"),
         (np.str_("u2"), "u2"),
         (b"raw", "raw"),
-        (NonTensorData("wrapped"), "wrapped"),
         (7, "7"),
     ],
 )
 def test_id_str_normalises_what_verl_hands_over(value, expected):
     assert id_str(value) == expected
+
+
+@pytest.mark.verl
+def test_id_str_unwraps_tensordicts_non_tensor_data():
+    from tensordict import NonTensorData
+
+    assert id_str(NonTensorData("wrapped")) == "wrapped"
 
 
 def test_id_str_bounds_very_long_ids():

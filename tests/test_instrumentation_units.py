@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 
 from otel_verl import carriers
 from otel_verl.instrumentation import hooks
@@ -10,6 +9,7 @@ from otel_verl.instrumentation.trainer_v0 import _traj_uids, _worker_indices
 
 
 def _proto(n, with_tensors=True, **columns):
+    import torch
     from verl.protocol import DataProto
 
     tensors = {"x": torch.arange(n).unsqueeze(1)} if with_tensors else None
@@ -17,6 +17,7 @@ def _proto(n, with_tensors=True, **columns):
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
+@pytest.mark.verl
 @pytest.mark.parametrize("n, workers", [(16, 4), (10, 3), (7, 2), (3, 5), (12, 1)])
 @pytest.mark.parametrize("with_tensors", [True, False])
 def test_worker_indices_match_dataproto_chunk(n, workers, with_tensors):
@@ -30,6 +31,7 @@ def test_worker_indices_match_dataproto_chunk(n, workers, with_tensors):
     assert _worker_indices(data, workers) == expected
 
 
+@pytest.mark.verl
 def test_traj_uids_follow_interleaved_repeat_and_label_remax_baseline():
     prompts = _proto(2, uid=["a", "b"])
     repeated = prompts.repeat(repeat_times=3, interleave=True)

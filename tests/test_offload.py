@@ -82,6 +82,7 @@ def _otlp_spans(blob: bytes) -> list:
     return sorted(spans)
 
 
+@pytest.mark.verl
 def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_path):
     from transformers import AutoTokenizer
 

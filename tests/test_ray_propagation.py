@@ -4,7 +4,7 @@ self-activation switch tracing on in actors; carriers never reach the actor's co
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def _span_ids(span):

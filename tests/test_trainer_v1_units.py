@@ -26,6 +26,7 @@ def test_ids_from_keys_parse_uid_session_index_and_skip_padding():
     assert trajs == ["0", "3", "N/A", "N/A"]
 
 
+@pytest.mark.verl
 @pytest.mark.parametrize("n, workers", [(8, 2), (7, 3), (5, 8), (1, 1), (0, 2)])
 def test_chunk_worker_indices_match_tensordict_chunk(n, workers):
     import torch
@@ -133,6 +134,7 @@ def test_evicted_filtered_cleared_and_never_consumed_samples_say_so(make_pipelin
     }
 
 
+@pytest.mark.verl
 def test_batch_stage_reports_trajectories_of_the_kv_batch(make_pipeline, v1_trainer):
     from transfer_queue.metadata import KVBatchMeta
 
@@ -152,6 +154,7 @@ def test_batch_stage_reports_trajectories_of_the_kv_batch(make_pipeline, v1_trai
     assert _outcomes(pipeline) == {U1: ("trained", None), U2: ("trained", None)}
 
 
+@pytest.mark.verl
 def test_every_v1_and_separation_hook_installs_on_verl_0_9_1():
     """Each target exists in the installed verl / TransferQueue with the parameters its
     wrapper reads (a renamed one would be skipped with a warning, see test_version_drift)."""

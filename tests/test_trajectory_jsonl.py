@@ -262,7 +262,7 @@ def run_multi_turn_tool(clock, tok, *, mutate_in_place=False):
     return prompt1
 
 
-@pytest.fixture(params=["chars", "bpe"])
+@pytest.fixture(params=["chars", pytest.param("bpe", marks=pytest.mark.verl)])
 def tokenizer(request):
     if request.param == "chars":
         return CharTokenizer()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def test_removed_and_changed_hooks_are_skipped_and_the_run_completes(tmp_path, monkeypatch):
