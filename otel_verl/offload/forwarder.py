@@ -1,18 +1,18 @@
 """The traced process's side: a span processor that hands every span to the export process.
 
-On the calling thread (a rollout worker's event loop) ``on_start`` / ``on_end`` append
-the span to a deque; the span that fills a batch (512) has the batch snapshotted
-(:mod:`otel_verl.offload.wire`) and pickled there, into frames a sender thread writes to
-the export process's stdin. The sender also takes what is pending every 50 ms and at a
-flush. A reply thread reads the export process's flush answers and health counters.
+``on_start`` / ``on_end`` only queue the span with its payload (a start also with a copy
+of its attributes: the caller goes on setting more). A sender thread wakes every 50 ms,
+or when a batch is full, turns what is queued into snapshots (:mod:`otel_verl.offload.wire`),
+pickles them by batches of 512 and writes the frames to the export process's stdin. A
+reply thread reads the export process's answers: its :class:`~wire.Hello` (the wire
+versions must match before a span is written), its flush answers and health counters.
 Nothing here waits on the export process except :meth:`force_flush` and
-:meth:`shutdown`, which are asked to: a slow export process leaves frames unwritten,
-then spans pending, and beyond ``max_pending`` they are counted as lost.
+:meth:`shutdown`, which are asked to.
 
-Losses are counted, never silent: spans beyond ``max_pending`` waiting (the export
-process cannot keep up), spans that were never sent because the export process could
-not start or died, and whatever the export process itself counted (its counters come
-back with every flush answer and at its exit).
+Losses are counted in spans, never silent: spans beyond ``max_pending`` queued (the
+export process cannot keep up), spans never sent because the export process could not
+start, speaks another wire version or died, and whatever the export process itself
+counted (its counters come back with every flush answer and at its exit).
 """
 
 from __future__ import annotations
@@ -25,27 +25,28 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional
 
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import health
 from otel_verl.offload import wire
+from otel_verl.payload import payload_of
 from otel_verl.semconv import Kind
 
 logger = logging.getLogger("otel_verl")
 
 OUTPUT = "offload"  # the health counters' name for spans the export process never got
-# what an entry of the span deque is followed by: a started span, an ended span, a flush's number
-_STARTED, _ENDED, _FLUSH = object(), object(), object()
-HOST_ENV = "OTEL_VERL_OFFLOAD_HOST"  # set in the export process (it must not trace itself)
+STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
+MAX_CODECS = 16  # tokenizers both ends keep (an agent loop may make a decode function per trajectory)
 
 
 class OffloadSpanProcessor(SpanProcessor):
     """Runs the given outputs in a child process ("the export process") fed with this
-    process's spans; see the module docs."""
+    process's spans; see the module docs.
 
-    on_end_kinds = None  # every span: OTLP exports spans of other tracers on this provider too
+    ``start_kinds``: the payload kinds whose start an output reads; other spans go once,
+    when they end (OTLP reads ends only)."""
 
     def __init__(
         self,
@@ -57,76 +58,51 @@ class OffloadSpanProcessor(SpanProcessor):
         start_timeout_s: float = 60.0,
         start_kinds: FrozenSet[Kind] = frozenset(Kind),
     ) -> None:
-        # the kinds whose start the export process's outputs read (bootstrap.output_start_kinds):
-        # any other span goes once, whole, when it ends
-        self.on_start_kinds = frozenset(start_kinds)
-        self._config = config
-        self._max_entries = 2 * max_pending  # two deque entries a span (see on_start)
-        self._interval = batch_interval_s
-        self._max_batch = max_batch
-        self._batch_entries = 2 * max_batch
-        self._start_timeout = start_timeout_s
+        self.start_kinds = frozenset(start_kinds)
+        self.config = config
+        self.max_pending = max_pending
+        self.batch_interval_s = batch_interval_s
+        self.max_batch = max_batch
+        self.start_timeout_s = start_timeout_s
         self._start()
         _live.add(self)
 
     # ------------------------------------------------------------------ span processor (any thread)
 
-    # The deque holds (what, item) as two entries, not a tuple: a tuple per start and end
-    # would live until the sender takes it, and the cyclic GC runs more often the more
-    # young objects are alive (each young collection walks the agent loop's live lists).
-
     def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pending = self._pending
-        if len(pending) < self._max_entries and self._alive:
-            pending.extend((_STARTED, span))  # one C call: the pair is never split
-        else:
-            self._refused(_STARTED, span)
+        payload = payload_of(span)
+        if payload is not None and payload.kind in self.start_kinds:
+            self._queue((STARTED, span, payload, wire.copied(span.attributes)))
 
     def on_end(self, span: Any) -> None:
+        self._queue((ENDED, span, payload_of(span), None))
+
+    def _queue(self, entry: tuple) -> None:
         pending = self._pending
-        if len(pending) < self._max_entries and self._alive:
-            pending.extend((_ENDED, span))
-            if len(pending) >= self._batch_entries:
-                self._batch_full()
-        else:
-            self._refused(_ENDED, span)
-
-    def _batch_full(self) -> None:
-        # A full batch is snapshotted and pickled here, on the thread that ended its last
-        # span, while its spans are still in this core's caches; the sender thread only
-        # writes the frames. Taken by the sender thread, the same work cost ~20 us more a
-        # trajectory (every span's objects read and their reference counts changed from
-        # another core, a GIL hand-over per wake-up). Never waits: the sender may hold
-        # the batch lock, or the frames not written yet may be many (a slow export
-        # process); the sender then takes the batch at its next wake-up.
-        if len(self._outbox) < _MAX_UNWRITTEN_FRAMES and self._batch_lock.acquire(False):
-            try:
-                self._take_pending()
-            except Exception as exc:
-                health.record_failure("offload.batch", exc)
-            finally:
-                self._batch_lock.release()
-            self._wake.set()
-        elif not self._wake.is_set():  # (is_set() first: set() takes the event's lock)
-            self._wake.set()
-
-    def _refused(self, what: object, span: Any) -> None:
-        if self._forked:  # first span of a forked child that traces: its own export process
+        if self._alive and len(pending) < self.max_pending:
+            pending.append(entry)
+            if len(pending) >= self.max_batch and not self._wake.is_set():
+                self._wake.set()
+            return
+        if self._forked:  # the first span of a forked child that traces: its own export process
             self._forked = False
             self._start()
             if self._alive:
-                self._pending.extend((what, span))
+                self._pending.append(entry)
                 return
-        self._lost(1, "the export process is not keeping up" if self._alive else self._why_dead)
+        if self._alive:
+            self._lost(1, "the export process is not keeping up")
+        else:  # (and whatever was queued as it died)
+            self._lost(1 + self._drop_pending(), self._why_dead)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Everything handed over so far written and exported by the export process."""
+        """Everything queued so far written and exported by the export process."""
         if not self._alive:
             return False
         with self._replies:
             self._flush_seq += 1
             seq = self._flush_seq
-        self._pending.extend((_FLUSH, seq))
+        self._pending.append((FLUSH, seq))
         self._wake.set()
         deadline = time.monotonic() + timeout_millis / 1000.0
         with self._replies:
@@ -138,13 +114,13 @@ class OffloadSpanProcessor(SpanProcessor):
             return self._answered >= seq and self._flushed_ok
 
     def shutdown(self) -> None:
-        """Send what is pending, let the export process finish its outputs, wait for it."""
+        """Send what is queued, let the export process finish its outputs, wait for it."""
         if self._closing:
             return
         self._closing = True
         self._wake.set()
         if self._sender.is_alive():
-            self._sender.join(self._start_timeout)
+            self._sender.join(self.start_timeout_s)
         process = self._process
         if process is not None:
             try:
@@ -152,22 +128,22 @@ class OffloadSpanProcessor(SpanProcessor):
             except (OSError, ValueError):
                 pass
             try:
-                process.wait(self._start_timeout)
+                process.wait(self.start_timeout_s)
             except subprocess.TimeoutExpired:
                 process.kill()
-                self._lost(len(self._pending), "the export process did not finish in time")
+                self._dead("the export process did not finish in time")
         if self._replier.is_alive():
             self._replier.join(5.0)
+        self._dead(self._why_dead or "the span processor was shut down")  # later spans are counted too
         _live.discard(self)
 
-    # ------------------------------------------------------------------ start, sender, replies
+    # ------------------------------------------------------------------ start
 
     def _start(self) -> None:
-        self._pending: deque = deque()
-        self._outbox: deque = deque()  # (frame bytes, spans in it) for the sender thread to write
-        self._batch_lock = threading.Lock()  # the pending spans' taker, the snapshots, the codecs
+        self._pending: deque = deque()  # (STARTED/ENDED, span, payload, start attributes) or (FLUSH, seq)
         self._wake = threading.Event()
         self._replies = threading.Condition()
+        self._ready = threading.Event()  # the export process's Hello came (or it is dead)
         self._flush_seq = self._answered = 0
         self._flushed_ok = True
         self._closing = self._forked = False
@@ -176,151 +152,153 @@ class OffloadSpanProcessor(SpanProcessor):
         self._process: Optional[subprocess.Popen] = None
         self._codecs: "OrderedDict[Any, int]" = OrderedDict()  # (decode, encode) -> id, most recent last
         self._next_codec_id = 0
-        self._unsent_codecs: List[Tuple[int, bytes]] = []  # sent before the batch that names them
-        self._forgotten_codecs: List[int] = []  # sent after the batch (its trajectories may name them)
+        self._new_codecs: List[wire.Codec] = []  # to send before the batch that names them
+        self._forgotten_codecs: List[wire.ForgetCodec] = []  # to send after it
         self._host_counts: Dict[str, Dict[str, int]] = {"failures": {}, "dropped": {}}
-        self._snapshots = wire.Snapshotter(self._codec_id)
-        self._pid = os.getpid()
+        self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
+        self._replier = threading.Thread(target=self._reply_loop, name="otel-verl-offload-replies", daemon=True)
         try:
             reply_read, reply_write = os.pipe()
-            env = dict(os.environ)
-            env[HOST_ENV] = "1"
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
-                stdin=subprocess.PIPE, pass_fds=(reply_write,), env=env, close_fds=True,
+                stdin=subprocess.PIPE, pass_fds=(reply_write,), close_fds=True,
             )
             os.close(reply_write)
-            _widen_pipe(self._process.stdin.fileno())
             self._reply_pipe = os.fdopen(reply_read, "rb")
-            wire.write_frame(self._process.stdin, ("config", self._config))
+            wire.write_frame(self._process.stdin, wire.Hello(wire.VERSION))
+            wire.write_frame(self._process.stdin, wire.Config(self.config))
         except Exception as exc:
             health.record_failure("offload.start", exc)
             self._dead(f"the export process could not start ({type(exc).__name__}: {exc})")
-        self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
-        self._replier = threading.Thread(target=self._reply_loop, name="otel-verl-offload-replies", daemon=True)
-        if self._process is not None:
-            self._sender.start()
-            self._replier.start()
+            return
+        self._sender.start()
+        self._replier.start()
+
+    # ------------------------------------------------------------------ sender thread
 
     def _send_loop(self) -> None:
-        while True:
-            self._wake.wait(self._interval)
+        if not self._ready.wait(self.start_timeout_s) and self._alive:
+            self._dead("the export process did not answer")
+        while self._alive:
+            self._wake.wait(self.batch_interval_s)
             self._wake.clear()
             closing = self._closing
-            self._write_frames()
-            self._take_pending_locked()
-            self._write_frames()
-            if closing or not self._alive:
-                while self._pending and self._alive:  # whatever came meanwhile
-                    self._take_pending_locked()
-                    self._write_frames()
+            self._send_pending()
+            if closing:
+                self._send_pending()  # what came meanwhile
                 return
 
-    def _take_pending_locked(self) -> None:
-        with self._batch_lock:
-            try:
-                self._take_pending()
-            except Exception as exc:  # the sender thread goes on
-                health.record_failure("offload.batch", exc)
-
-    def _take_pending(self) -> None:
-        """What is pending now, as frames for the sender thread to write (the batch lock
-        held). The spans added meanwhile wait for the next full batch or wake-up:
-        drained until empty, the sender made a frame every few spans, as each write let
-        the agent loop's thread add a few more."""
-        pending, snapshots = self._pending, self._snapshots
-        popleft = pending.popleft
-        left = len(pending) // 2  # (only this lock's holder takes entries; _dead() takes it too)
+    def _send_pending(self) -> None:
+        """What is queued now, as frames (spans queued meanwhile wait for the next wake-up:
+        taking them too, the sender would write a frame every few spans)."""
+        pending = self._pending
+        left = len(pending)
         while left > 0 and self._alive:
-            batch, flushes = [], []
-            while left > 0 and len(batch) < self._max_batch:
-                what, item = popleft(), popleft()
+            batch: List[wire.SpanSnapshot] = []
+            flush = None
+            while left > 0 and len(batch) < self.max_batch:
+                entry = pending.popleft()
                 left -= 1
-                if what is _FLUSH:
-                    flushes.append(item)
-                    break  # spans queued after a flush marker go in the next frame
+                if entry[0] == FLUSH:
+                    flush = entry[1]
+                    break  # what was queued after it goes after the Flush
                 try:
-                    batch.append(snapshots.start(item) if what is _STARTED else snapshots.end(item))
+                    _, span, payload, start_attributes = entry
+                    batch.append(wire.snapshot(span, payload, self._codec_id, start_attributes))
                 except Exception as exc:
                     health.record_failure("offload.snapshot", exc)
-            self._encode(batch, flushes)
+                    self._lost(1, "a span could not be read")
+            self._send_batch(batch, flush)
 
-    def _encode(self, batch: List[tuple], flushes: List[int]) -> None:
-        """A batch's frames, in the order the export process reads them, queued for the
-        sender thread: ``(bytes, spans in them)``."""
-        frames = [(wire.frame(("codec",) + codec), 0) for codec in self._unsent_codecs]  # (bytes already)
-        self._unsent_codecs = []
+    def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[int]) -> None:
+        frames = [(wire.frame(codec), 0) for codec in self._new_codecs]  # (bytes, spans in them)
+        self._new_codecs = []
         if batch:
-            try:
-                frames.append((wire.frame(("spans", batch)), len(batch)))
-            except Exception as exc:  # an unpicklable value: the flushes still go
-                health.record_failure("offload.send", exc)
-                self._lost(len(batch), "a batch could not be sent")
-        frames += [(wire.frame(("forget_codec", codec_id)), 0) for codec_id in self._forgotten_codecs]
+            frames.append(self._spans_frame(batch))
+        frames += [(wire.frame(forget), 0) for forget in self._forgotten_codecs]
         self._forgotten_codecs = []
-        frames += [(wire.frame(("flush", seq)), 0) for seq in flushes]
-        self._outbox.extend(frames)
-
-    def _write_frames(self) -> None:
-        """The queued frames into the export process's stdin (the sender thread only)."""
-        outbox = self._outbox
-        stdin = self._process.stdin  # type: ignore[union-attr]
-        while outbox and self._alive:
-            data, spans = outbox[0]
-            try:
-                stdin.write(data)
-                stdin.flush()
-            except (OSError, ValueError) as exc:  # a dead export process (EPIPE)
-                self._dead(f"the export process is gone ({type(exc).__name__}: {exc})")
+        if flush is not None:
+            frames.append((wire.frame(wire.Flush(flush)), 0))
+        for i, (data, _) in enumerate(frames):
+            if not (self._alive and self._write(data)):
+                self._lost(sum(spans for _, spans in frames[i:]), self._why_dead)
                 return
-            outbox.popleft()
+
+    def _spans_frame(self, batch: List[wire.SpanSnapshot]) -> tuple:
+        try:
+            return wire.frame(wire.Spans(batch)), len(batch)
+        except Exception as exc:  # a payload that does not pickle: the rest of the batch still goes
+            health.record_failure("offload.send", exc)
+            sent = [snapshot for snapshot in batch if _pickles(snapshot)]
+            self._lost(len(batch) - len(sent), "a span could not be pickled")
+            return wire.frame(wire.Spans(sent)), len(sent)
+
+    def _write(self, data: bytes) -> bool:
+        try:
+            self._process.stdin.write(data)  # type: ignore[union-attr]
+            self._process.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError) as exc:  # a dead export process (EPIPE)
+            self._dead(f"the export process is gone ({type(exc).__name__}: {exc})")
+            return False
+        return True
 
     def _codec_id(self, decode: Any, encode: Any) -> int:
         key = (decode, encode)  # bound methods compare equal for the same tokenizer
         codecs = self._codecs
-        try:
-            codec_id = codecs[key]
-        except KeyError:
-            pass
-        else:
+        codec_id = codecs.get(key)
+        if codec_id is not None:
             codecs.move_to_end(key)
             return codec_id
         codec_id = self._next_codec_id
         self._next_codec_id += 1
         try:
-            self._unsent_codecs.append((codec_id, wire.dumps_codec(key)))
+            self._new_codecs.append(wire.Codec(codec_id, wire.dumps_codec(key)))
         except Exception as exc:
             # The trajectory JSONL then has no texts for this tokenizer's trajectories.
             health.record_failure("offload.tokenizer", exc)
             codec_id = wire.UNSENDABLE_CODEC
         codecs[key] = codec_id
-        # A worker has one tokenizer; an agent loop that makes a decode function per
-        # trajectory (a closure) must not pile them up here or in the export process.
-        if len(codecs) > _MAX_CODECS:
+        if len(codecs) > MAX_CODECS:
             _, old_id = codecs.popitem(last=False)
             if old_id != wire.UNSENDABLE_CODEC:
-                self._forgotten_codecs.append(old_id)
+                self._forgotten_codecs.append(wire.ForgetCodec(old_id))
         return codec_id
 
+    # ------------------------------------------------------------------ reply thread
+
     def _reply_loop(self) -> None:
+        hello = self._read_reply()
+        if not isinstance(hello, wire.Hello) or hello.version != wire.VERSION:
+            if hello is not None:
+                why = f"the export process speaks wire version {hello.version}, this process {wire.VERSION}" \
+                    if isinstance(hello, wire.Hello) else f"the export process answered {hello!r}"
+                health.record_failure("offload.version", WireVersionError(why))
+                self._dead(why)
+            else:
+                self._dead("the export process exited")
+            self._ready.set()
+            return
+        self._ready.set()
         while True:
-            try:
-                reply = wire.read_frame(self._reply_pipe)
-            except Exception as exc:
-                health.record_failure("offload.replies", exc)
-                reply = None
+            reply = self._read_reply()
             if reply is None:  # the export process has exited
                 if not self._closing:
                     self._dead("the export process exited")
                 with self._replies:
                     self._replies.notify_all()
                 return
-            seq, ok, counts = reply
-            self._merge_counts(counts)
+            self._merge_counts(reply.counts)
             with self._replies:
-                self._answered = max(self._answered, seq)
-                self._flushed_ok = ok
+                self._answered = max(self._answered, reply.seq)
+                self._flushed_ok = reply.ok
                 self._replies.notify_all()
+
+    def _read_reply(self) -> Any:
+        try:
+            return wire.read_frame(self._reply_pipe)
+        except Exception as exc:
+            health.record_failure("offload.replies", exc)
+            return None
 
     def _merge_counts(self, counts: Dict[str, Dict[str, int]]) -> None:
         """The export process's own losses and failures, counted here too (once)."""
@@ -331,18 +309,26 @@ class OffloadSpanProcessor(SpanProcessor):
             health.record_failures(name, count - seen["failures"].get(name, 0), "in the export process")
         self._host_counts = counts
 
+    # ------------------------------------------------------------------ losses
+
     def _dead(self, why: str) -> None:
-        self._alive = False
-        self._why_dead = why
-        with self._batch_lock:  # (no caller holds it) a batch being taken finishes first: its frames are counted
-            pending = self._pending
-            entries = list(pending)
-            pending.clear()
-            lost = sum(1 for entry in entries if entry is _STARTED or entry is _ENDED)
-            outbox = self._outbox
-            while outbox:
-                lost += outbox.popleft()[1]
-        self._lost(lost, why)
+        if self._alive:
+            self._alive = False
+            self._why_dead = why
+        self._ready.set()
+        with self._replies:
+            self._replies.notify_all()
+        self._lost(self._drop_pending(), why)
+
+    def _drop_pending(self) -> int:
+        """Empties the queue; how many spans were in it."""
+        pending, spans = self._pending, 0
+        while pending:
+            try:
+                spans += pending.popleft()[0] != FLUSH
+            except IndexError:  # another thread emptied it meanwhile
+                break
+        return spans
 
     def _lost(self, count: int, why: str) -> None:
         health.record_dropped(OUTPUT, count, why)
@@ -351,26 +337,22 @@ class OffloadSpanProcessor(SpanProcessor):
         # The parent's export process and threads are the parent's. A forked child that
         # traces gets its own when its first span comes (most forked children never do).
         self._pending = deque()
-        self._outbox = deque()
-        self._batch_lock = threading.Lock()  # another thread may have held it at fork time
         self._process = None
         self._alive, self._forked, self._why_dead = False, True, "forked child"
 
 
-def _widen_pipe(fd: int) -> None:
-    """A batch is a few hundred KB: with Linux's default 64 KB pipe the sender would
-    sleep and wake (and the export process read) several times a batch."""
+class WireVersionError(Exception):
+    """The export process speaks another wire version (otel_verl changed in place?)."""
+
+
+def _pickles(snapshot: wire.SpanSnapshot) -> bool:
     try:
-        import fcntl
+        wire.frame(snapshot)
+    except Exception:
+        return False
+    return True
 
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
-    except (ImportError, OSError):
-        pass  # a smaller pipe only costs more wake-ups
 
-
-_MAX_CODECS = 16
-_MAX_UNWRITTEN_FRAMES = 4  # beyond, a full batch waits as spans (bounded by max_pending), not as bytes
-_PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 _live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()
 
 

@@ -1,71 +1,90 @@
 """The export process: ``python -m otel_verl.offload.host REPLY_FD``.
 
-Started by :class:`~otel_verl.offload.forwarder.OffloadSpanProcessor`. Reads frames from
-stdin (:mod:`otel_verl.offload.wire`), rebuilds each span and hands it to the same span
+Started by :class:`~otel_verl.offload.forwarder.OffloadSpanProcessor`. Reads messages
+from stdin (:mod:`otel_verl.offload.wire`), rebuilds each span as a ``ReadableSpan``,
+makes its payload readable (:func:`otel_verl.payload.bind`) and hands it to the span
 processors the served process would have run itself (``bootstrap.output_processors``:
-the legacy files, OTLP, the embedded OTLP-JSON files), with the served process's
-resource and its pid in the file names. Its stdout and stderr are the served process's
-(progress lines and warnings land where they would have). At the end of stdin (the
-served process shut its outputs down, or died) it flushes and shuts every output down,
-answers with its final counters and exits.
+the legacy files, OTLP, the embedded OTLP-JSON files), with the served process's resource
+and its pid in the file names. Its stdout and stderr are the served process's (progress
+lines and warnings land where they would have). At the end of stdin (the served process
+shut its outputs down, or died) it flushes and shuts every output down, answers with
+its final counters and exits.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Dict, Iterable, Optional, Tuple
 
-from otel_verl import health
+from otel_verl import health, payload
 from otel_verl.offload import wire
 
 logger = logging.getLogger("otel_verl")
 
-FINAL = -1  # the reply sent at exit
+REFUSED = 2  # the exit status when the first messages are not this wire version's
 
 
 class Host:
-    def __init__(self, config: wire.HostConfig) -> None:
-        from otel_verl import bootstrap
-        from otel_verl.exporters import _writer
+    """Runs ``processors`` (by default the outputs of ``config.settings``) on the spans
+    of the served process."""
+
+    def __init__(self, config: wire.HostConfig, processors: Optional[Iterable[Any]] = None) -> None:
         from otel_verl.sampling import IsolatingSpanProcessor
 
-        _writer.name_outputs_after(config.pid)
-        self.rebuild = wire.Rebuilder(config)
-        self.processor = IsolatingSpanProcessor()
-        for processor in bootstrap.output_processors(config.settings):
+        if processors is None:
+            from otel_verl import bootstrap
+
+            processors = bootstrap.output_processors(config.settings)
+        self.rebuilder = wire.Rebuilder(config)
+        self.processor = IsolatingSpanProcessor()  # as the served process's provider calls them
+        for processor in processors:
             self.processor.add_span_processor(processor)
+        self.codecs: Dict[int, Tuple[Any, Any]] = {}
 
     def handle(self, message: Any, reply: BinaryIO) -> None:
-        what = message[0]
-        if what == "spans":
-            on_start, on_end, rebuild = self.processor.on_start, self.processor.on_end, self.rebuild.span
-            for snapshot in message[1]:
-                try:
-                    when, span = rebuild(snapshot)
-                except Exception as exc:
-                    health.record_failure("offload.rebuild", exc)
-                    continue
-                if when == wire.END:
-                    on_end(span)
-                else:
-                    on_start(span, None)
-        elif what == "codec":
-            _, codec_id, pickled = message
+        if isinstance(message, wire.Spans):
+            for snapshot in message.spans:
+                self.export(snapshot)
+        elif isinstance(message, wire.Codec):
             try:
-                self.rebuild.codecs[codec_id] = wire.pickle.loads(pickled)
+                self.codecs[message.codec_id] = pickle.loads(message.functions)
             except Exception as exc:  # the JSONL has no texts for this tokenizer's trajectories
                 health.record_failure("offload.tokenizer", exc)
-        elif what == "forget_codec":
-            self.rebuild.codecs.pop(message[1], None)
-        elif what == "flush":
+        elif isinstance(message, wire.ForgetCodec):
+            self.codecs.pop(message.codec_id, None)
+        elif isinstance(message, wire.Flush):
             ok = self.processor.force_flush()
-            wire.write_frame(reply, (message[1], bool(ok), health.snapshot()))
+            wire.write_frame(reply, wire.Flushed(message.seq, bool(ok), health.snapshot()))
+        else:
+            raise TypeError(f"unexpected message {type(message).__name__}")
+
+    def export(self, snapshot: wire.SpanSnapshot) -> None:
+        """One span's start or end to the processors. Its payload is readable from its
+        start to its end, as in the served process."""
+        try:
+            span = self.rebuilder.span(snapshot)
+            data = snapshot.payload
+            if snapshot.codec is not None:  # a trajectory's tokenizer
+                data.data.decode, data.data.encode = self.codecs.get(snapshot.codec, (None, None))
+        except Exception as exc:
+            health.record_failure("offload.rebuild", exc)
+            return
+        if data is not None:
+            payload.bind(span, data)
+        if snapshot.end_time is None:
+            self.processor.on_start(span, None)
+        else:
+            try:
+                self.processor.on_end(span)
+            finally:
+                payload.unbind(span)
 
     def close(self, reply: BinaryIO) -> None:
         self.processor.shutdown()
-        wire.write_frame(reply, (FINAL, True, health.snapshot()))
+        wire.write_frame(reply, wire.Flushed(wire.FINAL, True, health.snapshot()))
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -76,21 +95,30 @@ def main(argv: Optional[list] = None) -> int:
     )
     reply = os.fdopen(int(argv[0]), "wb")
     source = sys.stdin.buffer
-    first = wire.read_frame(source)
-    if first is None or first[0] != "config":
-        logger.error("no configuration received; exiting")
-        return 2
-    host = Host(first[1])
+    try:
+        hello = wire.read_frame(source)
+    except Exception as exc:  # a frame of another wire version may not even unpickle
+        hello = exc
+    wire.write_frame(reply, wire.Hello(wire.VERSION))
+    if not isinstance(hello, wire.Hello) or hello.version != wire.VERSION:
+        said = f"wire version {hello.version}" if isinstance(hello, wire.Hello) else f"{hello!r}"
+        logger.error("refused: the traced process speaks %s, this export process wire version %d "
+                     "(both must run the same otel_verl); exiting", said, wire.VERSION)
+        return REFUSED
+    config = wire.read_frame(source)
+    if not isinstance(config, wire.Config):
+        logger.error("no configuration received (%r); exiting", config)
+        return REFUSED
+    from otel_verl.exporters import _writer
+
+    _writer.name_outputs_after(config.config.pid)  # the served process's files
+    host = Host(config.config)
     while True:
-        try:
-            message = wire.read_frame(source)
-        except Exception as exc:  # a torn frame: the served process died mid-write
-            health.record_failure("offload.read", exc)
-            message = None
-        if message is None:
+        body = wire.read_body(source)
+        if body is None:  # the end of stdin (or of a frame torn by the served process's death)
             break
         try:
-            host.handle(message, reply)
+            host.handle(pickle.loads(body), reply)
         except BrokenPipeError:
             break
         except Exception as exc:

@@ -1,61 +1,66 @@
-"""What goes between a traced process and its export process: frames and span snapshots.
+"""What goes between a traced process and its export process.
 
-A frame is a 4-byte big-endian length and a pickle of one message (both ends are the
-same otel_verl in the same Python environment). Messages, as tuples:
+Both ends run the same otel_verl from the same Python environment. A frame is a 4-byte
+big-endian length and a pickle of one message; every message is a NamedTuple below.
 
-- ``("config", HostConfig)``: first, once;
-- ``("codec", codec_id, pickled (decode, encode))``: a tokenizer's functions, once each,
-  before the first trajectory that names them (:func:`dumps_codec`);
-- ``("forget_codec", codec_id)``: no later trajectory names it (the sender keeps a few);
-- ``("spans", [snapshot, ...])``: span starts and ends, in the order they happened. A
-  span whose start went over ends with what changed only (``END_OF`` the start's serial
-  number): its name, ids, parent, kind, start time and scope are the start's; a start
-  names a parent whose start went over (still open) by that serial number, and then its
-  own context by its span id when the rest (trace id, flags, state) is the parent's;
-- ``("flush", seq)``: answered on the reply pipe with ``(seq, health counters)`` once
-  everything sent before it has been written and exported.
+Traced process -> export process (its stdin):
 
-A snapshot holds plain values only (tuples, dicts, lists, bytes, str, int, float), so pickling
-never runs Python code that could let the agent loop's thread change a value half-way. A
-start holds its span's own attribute dict, not a copy: it goes as it is when its batch is
-pickled (set meanwhile, an attribute shows at the start too; the end has them all anyway).
+- :class:`Hello` first, then :class:`Config`;
+- :class:`Codec`: a tokenizer's (decode, encode) functions, once, before the first
+  trajectory that names them; :class:`ForgetCodec` once no later trajectory will;
+- :class:`Spans`: span snapshots, in the order the spans started and ended;
+- :class:`Flush`: answered with :class:`Flushed` once everything sent before it has been
+  written and exported.
 
-Record data that belongs to a trajectory still running (an LLM call's ``TurnData``, the
-reward span's ``TrajectoryData``) is not sent with those spans: no output reads it there,
-and the trajectory's own end carries all of it, complete. A trajectory's start carries
-its identity only (uid, traj_uid, step, agent, trainer API, n).
+Export process -> traced process (the reply pipe): :class:`Hello` first, then a
+:class:`Flushed` per :class:`Flush`, and one with ``seq`` :data:`FINAL` at exit.
+
+Each end checks the other's :class:`Hello`: on a different :data:`VERSION` the export
+process exits without reading further, and the traced process counts every span it
+could not send as lost.
+
+A :class:`SpanSnapshot` holds what a span processor can read of a span through the public
+``ReadableSpan`` properties, and the span's :class:`~otel_verl.payload.Payload`. A start
+(``end_time`` None) is the span as it started: its name, ids, kind, start time, links,
+scope and the attributes it had then. The resource is the traced process's, sent once in
+:class:`Config`.
+
+A payload goes as it is, except the data of a rollout worker's trajectory: its turns and
+its end are complete when the trajectory's span ends, and that span carries them then,
+with its tokenizer as a :class:`Codec` id (a tokenizer does not pickle cheaply); the
+trajectory's start carries the trajectory without turns, and other spans of the
+trajectory (an LLM call's turn, the reward span's trajectory) carry no data, which no
+output reads there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import struct
-from array import array
-from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from otel_verl.lean_span import RECORD_ATTR
-from otel_verl.record import (IDS_TYPECODE, OWN_RECORD_TYPES, PromptTail, SpanRecord, TrajectoryData, TurnData, completion_tokens, kept_ids,
-                              prompt_tokens)
+from otel_verl.payload import Payload, TrajectoryData, TurnData
 from otel_verl.semconv import Kind
 
-START, END, END_OF = 0, 1, 2  # END_OF: the end of a span whose START carried a serial number
-MAX_OPEN = 1 << 16  # started spans a Snapshotter remembers until they end
-# How a span's record data travels: as it is, a trajectory's identity, a whole trajectory.
-_AS_IS, _IDENTITY, _TRAJECTORY = 0, 1, 2
-_HEADER = struct.Struct(">I")
-PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+VERSION = 1  # of this wire format: a change to any message below needs a new one
+FINAL = -1  # the seq of the Flushed sent at exit
 UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
-# (enum members read once: off their class, each read is a Python __getattr__ call)
-_TRAJECTORY_KIND, _UNSET_CODE = Kind.TRAJECTORY, StatusCode.UNSET
+PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_HEADER = struct.Struct(">I")
 
 
-@dataclass(frozen=True)
+# --------------------------------------------------------------------------- messages
+
+
+@dataclasses.dataclass(frozen=True)
 class HostConfig:
     """What the export process needs to write the outputs of the process it serves."""
 
@@ -63,6 +68,91 @@ class HostConfig:
     resource_attributes: Dict[str, Any]
     resource_schema_url: str
     pid: int  # the served process: files are named after it
+
+
+class Hello(NamedTuple):
+    """Each end's first message: the wire version it speaks."""
+
+    version: int
+
+
+class Config(NamedTuple):
+    config: HostConfig
+
+
+class Codec(NamedTuple):
+    """A tokenizer's ``(decode, encode)``, pickled by :func:`dumps_codec`."""
+
+    codec_id: int
+    functions: bytes
+
+
+class ForgetCodec(NamedTuple):
+    codec_id: int
+
+
+class Flush(NamedTuple):
+    seq: int
+
+
+class Flushed(NamedTuple):
+    """The answer to :class:`Flush` ``seq``, with the export process's health counters."""
+
+    seq: int
+    ok: bool
+    counts: Dict[str, Dict[str, int]]
+
+
+class ContextSnapshot(NamedTuple):
+    trace_id: int
+    span_id: int
+    is_remote: bool
+    trace_flags: int
+    trace_state: Tuple[Tuple[str, str], ...]
+
+
+class EventSnapshot(NamedTuple):
+    name: str
+    timestamp: int
+    attributes: Dict[str, Any]
+    dropped_attributes: int
+
+
+class LinkSnapshot(NamedTuple):
+    context: ContextSnapshot
+    attributes: Dict[str, Any]
+    dropped_attributes: int
+
+
+class ScopeSnapshot(NamedTuple):
+    name: str
+    version: Optional[str]
+    schema_url: str
+    attributes: Tuple[Tuple[str, Any], ...]
+
+
+class SpanSnapshot(NamedTuple):
+    name: str
+    context: ContextSnapshot
+    parent: Optional[ContextSnapshot]
+    kind: SpanKind
+    start_time: int
+    end_time: Optional[int]  # None: the span's start
+    attributes: Dict[str, Any]
+    events: Tuple[EventSnapshot, ...]
+    links: Tuple[LinkSnapshot, ...]
+    status_code: StatusCode
+    status_description: Optional[str]
+    scope: Optional[ScopeSnapshot]
+    dropped_attributes: int
+    dropped_events: int
+    dropped_links: int
+    payload: Optional[Payload]
+    codec: Optional[int]  # a trajectory's tokenizer (see Codec)
+
+
+class Spans(NamedTuple):
+    spans: List[SpanSnapshot]
 
 
 # --------------------------------------------------------------------------- frames
@@ -74,22 +164,23 @@ def frame(message: Any) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-def write_frame(out: BinaryIO, message: Any) -> int:
-    data = frame(message)
-    out.write(data)
+def write_frame(out: BinaryIO, message: Any) -> None:
+    out.write(frame(message))
     out.flush()
-    return len(data) - _HEADER.size
 
 
 def read_frame(source: BinaryIO) -> Any:
     """The next message, or ``None`` at the end of the stream."""
+    body = read_body(source)
+    return None if body is None else pickle.loads(body)
+
+
+def read_body(source: BinaryIO) -> Optional[bytes]:
+    """The next frame's pickle, or ``None`` at the end of the stream (a torn frame too)."""
     header = _read_exactly(source, _HEADER.size)
     if header is None:
         return None
-    body = _read_exactly(source, _HEADER.unpack(header)[0])
-    if body is None:
-        return None
-    return pickle.loads(body)
+    return _read_exactly(source, _HEADER.unpack(header)[0])
 
 
 def _read_exactly(source: BinaryIO, size: int) -> Optional[bytes]:
@@ -114,297 +205,139 @@ def dumps_codec(codec: Tuple[Any, Any]) -> bytes:
     return cloudpickle.dumps(codec, PICKLE_PROTOCOL)
 
 
-# --------------------------------------------------------------------------- snapshots (sender)
+# --------------------------------------------------------------------------- snapshots (traced process)
 
 
-class Snapshotter:
-    """Turns started / ended spans into plain tuples; ``codec_id`` names a trajectory's
-    (decode, encode) pair (the sender ships each pair once).
-
-    Runs on the sender thread, a trajectory's spans at a time: it reads the SDK's span
-    fields directly (``ReadableSpan``'s private attributes, which every SDK span and
-    :class:`~otel_verl.lean_span.LeanSpan` have) rather than through a dozen properties
-    and enum descriptors per span."""
-
-    def __init__(self, codec_id: Callable[[Any, Any], int], max_open: int = MAX_OPEN) -> None:
-        self._codec_id = codec_id
-        self._scopes: Dict[int, tuple] = {}  # id(scope) -> (scope, its tuple): one tuple object, pickled once a batch
-        # id(context) -> (context, serial) of the spans whose START went out and END not yet
-        # (by SpanContext: an SDK span ends as a copy sharing it). The context is held, so
-        # its id is not reused meanwhile. Bounded: beyond ``max_open`` (spans that never
-        # end) a start gets no serial and its end goes whole.
-        self._open: Dict[int, Tuple[Any, int]] = {}
-        self._max_open = max_open
-        self._serial = 0
-
-    def start(self, span: Any) -> tuple:
-        record = getattr(span, RECORD_ATTR, None)
-        sent = None
-        if record is not None:
-            # (a turn's and a trajectory's data are their spans' records: no property call)
-            data = record if type(record) in OWN_RECORD_TYPES else record.data
-            if type(data) is TrajectoryData:
-                sent = (record.kind._value_, _IDENTITY, _identity(data))
-            else:
-                sent = _record_as_is(record.kind, data)
-        opened, context, parent = self._open, span._context, span._parent
-        # a parent that is a started span here (a chat span's trajectory): named by its
-        # serial, and the span's context by its span id where the rest is the parent's
-        parent_open = opened.get(id(parent)) if parent is not None else None
-        if parent_open is not None and parent_open[0] is parent:
-            parent_sent = parent_open[1]
-            # (SpanContext is a tuple: trace_id, span_id, is_remote, trace_flags, trace_state, is_valid)
-            same = context[0] == parent[0] and context[3] == parent[3] and context[4] is parent[4] and not context[2]
-            context_sent = context[1] if same else _context(context)
-        else:
-            parent_sent, context_sent = _context(parent), _context(context)
-        if len(opened) < self._max_open:
-            serial = self._serial = self._serial + 1
-            opened[id(context)] = (context, serial)
-        else:
-            serial = None
-        # The attributes as they are when the batch is pickled (on this thread, in one C
-        # call): a copy per start would be one more object a span for the cyclic GC to count.
-        attributes = span._attributes
-        return (START, span._name, context_sent, parent_sent, span._kind._value_, span._start_time,
-                attributes if type(attributes) is dict else dict(attributes), self._scope(span._instrumentation_scope),
-                sent, serial)
-
-    def end(self, span: Any) -> tuple:
-        context = span._context
-        opened = self._open.pop(id(context), None)
-        record = getattr(span, RECORD_ATTR, None)
-        sent = None
-        if record is not None:
-            kind, data = record.kind, record if type(record) in OWN_RECORD_TYPES else record.data
-            if type(data) is TrajectoryData:
-                sent = (kind._value_, _TRAJECTORY, self._trajectory(data)) if kind is _TRAJECTORY_KIND else (kind._value_, _AS_IS, None)
-            else:
-                sent = _record_as_is(kind, data)
-        attributes, events, links, status = span._attributes, span._events, span._links, span._status
-        dropped = None
-        if type(attributes) is not dict or events or links:
-            dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
-            attributes = dict(attributes)
-        events = [(e.name, dict(e.attributes or {}), e.timestamp) for e in events] if events else None
-        links = [(_context(link.context), dict(link.attributes or {})) for link in links] if links else None
-        status = None if status._status_code is _UNSET_CODE else (status._status_code._value_, status._description)
-        if opened is not None and opened[0] is context:
-            return (END_OF, opened[1], attributes, sent, span._end_time, events, links, status, dropped)
-        return (END, span._name, _context(span._context), _context(span._parent), span._kind._value_, span._start_time,
-                attributes, self._scope(span._instrumentation_scope), sent, span._end_time, events, links, status, dropped)
-
-    def _scope(self, scope: Any) -> Optional[tuple]:
-        if scope is None:
-            return None
-        cached = self._scopes.get(id(scope))
-        if cached is None or cached[0] is not scope:
-            cached = self._scopes[id(scope)] = (scope, (scope.name, scope.version, scope.schema_url))
-        return cached[1]
-
-    def _trajectory(self, data: TrajectoryData) -> tuple:
-        recorded = list(data.turns)
-        turns = [
-            (prompt, t.start_ts, t.prompt_token_count, t.end_ts, _packed_ids(t.completion_ids),
-             t.completion_token_count, t.finish_reason, dict(t.server_meta), t.observation_text,
-             t.observation_start_ts, t.observation_end_ts)
-            for t, prompt in zip(recorded, _prompts_read(recorded))
-        ]
-        codec = self._codec_id(data.decode, data.encode) if (data.decode or data.encode) is not None else None
-        return (_identity(data), data.completed_at, turns, dict(data.agent_metrics), data.reward_score,
-                data.agent_loop_class, data.run_completed_ns, data.reward_row, codec)
+def snapshot(span: ReadableSpan, payload: Optional[Payload], codec_id: Callable[[Any, Any], int],
+             start_attributes: Optional[Dict[str, Any]] = None) -> SpanSnapshot:
+    """``span`` as a snapshot: its end, or with ``start_attributes`` (its attributes when
+    it started) its start. ``codec_id`` names a trajectory's (decode, encode) pair."""
+    started = start_attributes is not None
+    data, codec = _sent_data(payload, started, codec_id)
+    scope = span.instrumentation_scope
+    if started:
+        attributes, events, status = start_attributes, (), Status(StatusCode.UNSET)
+        end_time, dropped_events = None, 0
+    else:
+        attributes, status, end_time = copied(span.attributes), span.status, span.end_time
+        events = tuple(EventSnapshot(e.name, e.timestamp, copied(e.attributes), e.dropped_attributes)
+                       for e in span.events)
+        dropped_events = span.dropped_events
+    return SpanSnapshot(
+        name=span.name,
+        context=_context(span.context),
+        parent=_context(span.parent) if span.parent is not None else None,
+        kind=span.kind,
+        start_time=span.start_time,
+        end_time=end_time,
+        attributes=attributes,
+        events=events,
+        links=tuple(LinkSnapshot(_context(link.context), copied(link.attributes), link.dropped_attributes)
+                    for link in span.links),
+        status_code=status.status_code,
+        status_description=status.description,
+        scope=_scope(scope) if scope is not None else None,
+        dropped_attributes=span.dropped_attributes,
+        dropped_events=dropped_events,
+        dropped_links=span.dropped_links,
+        payload=data,
+        codec=codec,
+    )
 
 
-def _record_as_is(kind: Kind, data: Any) -> tuple:
-    """A record that travels as it is; a turn's data goes with its trajectory (and a
-    trainer-side record is complete when its span ends)."""
-    if data is None or type(data) is TurnData:
-        return _DATALESS[kind]  # one tuple a kind: the batch's pickle writes it once
-    return (kind._value_, _AS_IS, data)
+def copied(attributes: Any) -> Dict[str, Any]:
+    """Span, event or link attributes as a dict of their own. The SDK's read-only view
+    copies its dict in one call (``dict(view)`` reads it key by key, in Python)."""
+    if not attributes:
+        return {}
+    try:
+        return attributes.copy()
+    except AttributeError:  # a mapping without copy()
+        return dict(attributes)
 
 
-_DATALESS = {kind: (kind._value_, _AS_IS, None) for kind in Kind}
+def _sent_data(payload: Optional[Payload], started: bool,
+               codec_id: Callable[[Any, Any], int]) -> Tuple[Optional[Payload], Optional[int]]:
+    if payload is None:
+        return None, None
+    kind, data = payload
+    if isinstance(data, TurnData) or (isinstance(data, TrajectoryData) and kind is not Kind.TRAJECTORY):
+        return Payload(kind), None  # their trajectory's end carries them, complete
+    if not isinstance(data, TrajectoryData):
+        return payload, None
+    if started:
+        return Payload(kind, dataclasses.replace(data, turns=[], agent_metrics={}, decode=None, encode=None)), None
+    codec = codec_id(data.decode, data.encode) if data.decode is not None or data.encode is not None else None
+    sent = dataclasses.replace(data, turns=list(data.turns), agent_metrics=dict(data.agent_metrics),
+                               decode=None, encode=None)
+    return Payload(kind, sent), codec
 
 
-def _prompts_read(turns: List[TurnData]) -> List[Tuple[int, Any]]:
-    """Each turn's prompt as the outputs read it: ``(start, tokens)``, the ids from
-    ``start`` up to the prompt's length at the call (tokens as :func:`_packed_ids`).
-
-    The events API kept that much at the call already (a
-    :class:`~otel_verl.record.PromptTail`: all of turn 0's prompt, of a later turn the ids
-    after the previous turn's completion), and it goes as kept. A prompt that is a
-    plain sequence (a record made elsewhere) is cut the same way here: the trajectory
-    JSONL reads no id before the previous completion's end (``prompt_tokens +
-    completion_tokens`` of that turn; its ``template_overhead_text`` slice starts there).
-    Whole prompts would cost the trajectory's turns squared in tokens, copied and
-    pickled here and unpickled in the export process; this is linear in them and
-    compares nothing, whatever the agent loop did to its prompt between turns."""
-    out: List[Tuple[int, Any]] = []
-    start = 0
-    for turn in turns:
-        ids, count = turn.prompt_ids, turn.prompt_token_count
-        if type(ids) is PromptTail and (count is None or count == len(ids)):
-            out.append((ids.start, _packed_ids(ids.tokens)))
-        else:
-            end = len(ids) if count is None else min(count, len(ids))
-            begin = min(start, end)
-            out.append((begin, _packed_ids(ids[begin:end])))
-        start = prompt_tokens(turn) + completion_tokens(turn)
-    return out
+def _context(context: SpanContext) -> ContextSnapshot:
+    return ContextSnapshot(context.trace_id, context.span_id, context.is_remote, int(context.trace_flags),
+                           tuple(context.trace_state.items()) if context.trace_state else ())
 
 
-def _prompt(start: int, sent: Any) -> Sequence[int]:
-    """:func:`_prompts_read` undone for one turn."""
-    tokens = _unpacked_ids(sent)
-    return PromptTail(start, tokens) if start else tokens
+def _scope(scope: InstrumentationScope) -> ScopeSnapshot:
+    attributes = scope.attributes
+    return ScopeSnapshot(scope.name, scope.version, scope.schema_url or "",
+                         tuple(attributes.items()) if attributes else ())
 
 
-def _packed_ids(ids: Any) -> Any:
-    """Token ids as the bytes of an unsigned-int array (:func:`~otel_verl.record.kept_ids`,
-    both ends are the same Python build): pickled as one copy, where a list pickles int
-    by int. Ids that are no such ints (negative, too large, not ints) go as a list."""
-    if type(ids) is not array or ids.typecode != IDS_TYPECODE:  # (as kept by the events API: no call)
-        ids = kept_ids(ids)
-    return ids.tobytes() if type(ids) is array else ids
-
-
-def _unpacked_ids(sent: Any) -> list:
-    """:func:`_packed_ids` undone."""
-    if type(sent) is not bytes:
-        return sent
-    ids = array(IDS_TYPECODE)
-    ids.frombytes(sent)
-    return ids.tolist()
-
-
-def _identity(data: TrajectoryData) -> tuple:
-    return (data.uid, data.traj_uid, data.global_step, data.n_samples, data.agent_name, data.created_at,
-            data.trainer_api)
-
-
-def _context(ctx: Optional[SpanContext]) -> Optional[tuple]:
-    if ctx is None:
-        return None
-    # A SpanContext is a tuple: (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid);
-    # indexing it is C, its properties are Python calls. TraceState keeps its entries in
-    # ``_dict`` (its __len__ is a Python call too).
-    state = ctx[4]
-    entries = getattr(state, "_dict", state)
-    return (ctx[0], ctx[1], ctx[2], int(ctx[3]), tuple(state.items()) if entries else None)
-
-
-# --------------------------------------------------------------------------- spans again (host)
-
-
-class RemoteSpan(ReadableSpan):
-    """A span of the served process, as its span processors would have seen it."""
+# --------------------------------------------------------------------------- spans again (export process)
 
 
 class Rebuilder:
-    """Snapshots back into spans for the export process's span processors."""
+    """Snapshots back into ``ReadableSpan`` objects, with the served process's resource."""
 
     def __init__(self, config: HostConfig) -> None:
         self.resource = Resource(config.resource_attributes, config.resource_schema_url)
-        self._scopes: Dict[tuple, InstrumentationScope] = {}
-        self.codecs: Dict[int, Tuple[Any, Any]] = {}
-        # serial -> (name, context, parent, kind, start, scope) of the started spans that
-        # will end as END_OF (as many as the sender holds open, at most)
-        self._open: Dict[int, tuple] = {}
+        self._scopes: Dict[ScopeSnapshot, InstrumentationScope] = {}
 
-    def span(self, snapshot: tuple) -> Tuple[int, RemoteSpan]:
-        """``(START or END, the span)``."""
-        what = snapshot[0]
-        end_time = events = links = status = dropped = None
-        if what == END_OF:
-            _, serial, attributes, record, end_time, events, links, status, dropped = snapshot
-            name, context, parent, kind, start, scope = self._open.pop(serial)
-            what = END
-        else:
-            name, ctx, parent_ctx, kind_value, start, attributes, scope_key, record = snapshot[1:9]
-            kind = SpanKind(kind_value)
-            # a started parent comes as its serial; then a context that is the parent's
-            # but for its span id as that id
-            parent = self._open[parent_ctx][1] if type(parent_ctx) is int else _span_context(parent_ctx)
-            if type(ctx) is int:
-                context = SpanContext(parent.trace_id, ctx, False, parent.trace_flags, parent.trace_state)
-            else:
-                context = _span_context(ctx)
-            scope = self._scope(scope_key)
-            if what == END:
-                end_time, events, links, status, dropped = snapshot[9:]
-            elif snapshot[9] is not None:
-                self._open[snapshot[9]] = (name, context, parent, kind, start, scope)
-        span = RemoteSpan(
-            name,
-            context=context,
-            parent=parent,
+    def span(self, snapshot: SpanSnapshot) -> ReadableSpan:
+        return ReadableSpan(
+            snapshot.name,
+            context=_span_context(snapshot.context),
+            parent=_span_context(snapshot.parent) if snapshot.parent is not None else None,
             resource=self.resource,
-            attributes=attributes,
-            events=[Event(n, a, t) for n, a, t in events] if events else (),
-            links=[Link(_span_context(c), a) for c, a in links] if links else (),
-            kind=kind,
-            status=Status(StatusCode(status[0]), status[1]) if status else Status(StatusCode.UNSET),
-            start_time=start,
-            end_time=end_time,
-            instrumentation_scope=scope,
+            attributes=_attributes(snapshot.attributes, snapshot.dropped_attributes),
+            events=_dropping([Event(e.name, _attributes(e.attributes, e.dropped_attributes), e.timestamp)
+                              for e in snapshot.events], snapshot.dropped_events),
+            links=_dropping([Link(_span_context(link.context), _attributes(link.attributes, link.dropped_attributes))
+                             for link in snapshot.links], snapshot.dropped_links),
+            kind=snapshot.kind,
+            status=Status(snapshot.status_code, snapshot.status_description),
+            start_time=snapshot.start_time,
+            end_time=snapshot.end_time,
+            instrumentation_scope=self._scope(snapshot.scope) if snapshot.scope is not None else None,
         )
-        if dropped:
-            span._otel_verl_dropped = dropped  # read by the properties below
-        if record is not None:
-            kind_value, form, data = record
-            setattr(span, RECORD_ATTR, SpanRecord(Kind(kind_value), self._data(form, data)))
-        return what, span
 
-    def _scope(self, scope: Optional[tuple]) -> Optional[InstrumentationScope]:
-        if scope is None:
-            return None
+    def _scope(self, scope: ScopeSnapshot) -> InstrumentationScope:
         made = self._scopes.get(scope)
         if made is None:
-            made = self._scopes[scope] = InstrumentationScope(*scope)
+            made = self._scopes[scope] = InstrumentationScope(scope.name, scope.version, scope.schema_url,
+                                                              dict(scope.attributes) or None)
         return made
 
-    def _data(self, form: int, data: Any) -> Any:
-        if form == _AS_IS:
-            return data
-        if form == _IDENTITY:
-            return _trajectory_identity(data)
-        identity, completed_at, turns, metrics, score, loop_class, run_ns, reward_row, codec = data
-        decode, encode = self.codecs.get(codec, (None, None)) if codec is not None else (None, None)
-        out = _trajectory_identity(identity)
-        out.completed_at, out.agent_metrics, out.reward_score = completed_at, metrics, score
-        out.agent_loop_class, out.run_completed_ns, out.reward_row = loop_class, run_ns, reward_row
-        out.decode, out.encode = decode, encode
-        out.turns = [
-            TurnData(prompt_ids=_prompt(*p), start_ts=s, prompt_token_count=pc, end_ts=e, completion_ids=_unpacked_ids(c),
-                     completion_token_count=cc, finish_reason=fr, server_meta=meta, observation_text=ot,
-                     observation_start_ts=os_, observation_end_ts=oe)
-            for p, s, pc, e, c, cc, fr, meta, ot, os_, oe in turns
-        ]
-        return out
+
+def _span_context(context: ContextSnapshot) -> SpanContext:
+    return SpanContext(context.trace_id, context.span_id, context.is_remote, TraceFlags(context.trace_flags),
+                       TraceState(list(context.trace_state)) if context.trace_state else None)
 
 
-def _trajectory_identity(identity: tuple) -> TrajectoryData:
-    uid, traj_uid, step, n, agent, created_at, api = identity
-    return TrajectoryData(uid=uid, traj_uid=traj_uid, global_step=step, n_samples=n, agent_name=agent,
-                          created_at=created_at, trainer_api=api)
+def _attributes(attributes: Dict[str, Any], dropped: int) -> Any:
+    """The attributes as the SDK keeps them when some were dropped (the ``dropped_*``
+    properties read the count off them); else the plain dict."""
+    if not dropped:
+        return attributes
+    bounded = BoundedAttributes(attributes=attributes, immutable=True)
+    bounded.dropped = dropped
+    return bounded
 
 
-def _span_context(ctx: Optional[tuple]) -> Optional[SpanContext]:
-    if ctx is None:
-        return None
-    trace_id, span_id, is_remote, flags, state = ctx
-    return SpanContext(trace_id, span_id, is_remote, TraceFlags(flags), TraceState(list(state)) if state else None)
-
-
-def _dropped(index: int) -> Callable[[Any], int]:
-    def count(self: Any) -> int:
-        dropped = getattr(self, "_otel_verl_dropped", None)
-        return dropped[index] if dropped else 0
-
-    return property(count)  # type: ignore[return-value]
-
-
-RemoteSpan.dropped_attributes = _dropped(0)  # type: ignore[assignment]
-RemoteSpan.dropped_events = _dropped(1)  # type: ignore[assignment]
-RemoteSpan.dropped_links = _dropped(2)  # type: ignore[assignment]
-
+def _dropping(items: List[Any], dropped: int) -> Any:
+    if not dropped:
+        return items
+    bounded = BoundedList.from_seq(None, items)
+    bounded.dropped = dropped
+    return bounded

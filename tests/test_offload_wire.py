@@ -1,0 +1,278 @@
+"""The export process's wire (otel_verl.offload.wire): a span crosses it whole, as its
+public ReadableSpan properties show it, with its payload; both ends check the version."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+from array import array
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
+
+from otel_verl import health, payload
+from otel_verl.offload import wire
+from otel_verl.payload import Payload, PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
+from otel_verl.semconv import Kind
+
+RESOURCE = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
+CONFIG = wire.HostConfig(settings=None, resource_attributes=dict(RESOURCE.attributes),
+                         resource_schema_url=RESOURCE.schema_url, pid=1234)
+
+
+class Capture(SpanProcessor):
+    """What the offload processor gets: each start (with its attributes then) and end,
+    with the span's payload as a processor reads it."""
+
+    def __init__(self) -> None:
+        self.starts, self.ends = [], []
+
+    def on_start(self, span, parent_context=None) -> None:
+        self.starts.append((span, payload.payload_of(span), dict(span.attributes)))
+
+    def on_end(self, span) -> None:
+        self.ends.append((span, payload.payload_of(span)))
+
+
+def _tracer(capture: Capture, limits: SpanLimits = None):
+    provider = TracerProvider(resource=RESOURCE, span_limits=limits)
+    provider.add_span_processor(capture)
+    return provider.get_tracer("otel_verl.test", "1.2.3", schema_url="https://opentelemetry.io/schemas/1.21.0",
+                               attributes={"scope.attr": "yes"})
+
+
+def _crossed(snapshot: wire.SpanSnapshot) -> wire.SpanSnapshot:
+    """Through a frame, as the export process reads it."""
+    return wire.read_frame(io.BytesIO(wire.frame(wire.Spans([snapshot])))).spans[0]
+
+
+def _public(span) -> dict:
+    """Every public ReadableSpan property, in comparable form."""
+    return {
+        "name": span.name, "context": span.context, "parent": span.parent, "kind": span.kind,
+        "start_time": span.start_time, "end_time": span.end_time, "attributes": dict(span.attributes),
+        "events": [(e.name, e.timestamp, dict(e.attributes), e.dropped_attributes) for e in span.events],
+        "links": [(link.context, dict(link.attributes), link.dropped_attributes) for link in span.links],
+        "status": (span.status.status_code, span.status.description),
+        "resource": (dict(span.resource.attributes), span.resource.schema_url),
+        "scope": (span.instrumentation_scope.name, span.instrumentation_scope.version,
+                  span.instrumentation_scope.schema_url, dict(span.instrumentation_scope.attributes)),
+        "dropped": (span.dropped_attributes, span.dropped_events, span.dropped_links),
+    }
+
+
+def test_a_span_crosses_with_every_public_property_and_encodes_to_the_same_otlp():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    capture = Capture()
+    tracer = _tracer(capture, SpanLimits(max_span_attributes=3, max_events=2, max_links=1, max_event_attributes=1,
+                                         max_link_attributes=1))
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                         trace_state=TraceState([("vendor", "v1"), ("other", "o2")]))
+    linked = SpanContext(0xABC, 0xDEF, is_remote=True, trace_state=TraceState([("k", "v")]))
+    with tracer.start_as_current_span("client call", context=trace.set_span_in_context(NonRecordingSpan(remote)),
+                                      kind=SpanKind.CLIENT, attributes={"a": 1, "b": [1.5, 2.5]},
+                                      links=[Link(linked), Link(linked, {"l1": 1, "l2": 2})]) as span:
+        span.set_attributes({"c": "three", "d": True})  # one too many: the oldest is dropped
+        span.add_event("zeroth", timestamp=500)  # dropped: two events at most
+        span.add_event("first", {"e1": 1, "e2": 2}, timestamp=1_000)
+        span.add_event("second", timestamp=2_000)
+        span.set_status(StatusCode.ERROR, "boom")
+    [(started, _, start_attributes)], [(ended, _)] = capture.starts, capture.ends
+    want = _public(ended)
+    assert want["dropped"] == (1, 1, 1) and want["links"][0][2] == 1 and want["events"][0][3] == 1  # all exercised
+    assert want["context"].trace_state == remote.trace_state and want["parent"].is_remote
+
+    rebuilt = wire.Rebuilder(CONFIG).span(_crossed(wire.snapshot(ended, None, None)))
+    assert _public(rebuilt) == want
+    assert encode_spans([rebuilt]).SerializeToString() == encode_spans([ended]).SerializeToString()
+
+    start = wire.Rebuilder(CONFIG).span(_crossed(wire.snapshot(started, None, None, start_attributes)))
+    assert start.end_time is None and dict(start.attributes) == {"a": 1, "b": (1.5, 2.5)}  # as when it started
+    assert (start.name, start.context, start.parent, start.kind, start.start_time) == (
+        ended.name, ended.context, ended.parent, ended.kind, ended.start_time)
+    assert not start.events and start.status.status_code is StatusCode.UNSET
+
+
+def test_a_snapshot_is_plain_named_fields():
+    capture = Capture()
+    with _tracer(capture).start_as_current_span("s", attributes={"k": "v"}):
+        pass
+    sent = wire.snapshot(capture.ends[0][0], Payload(Kind.TOOL, ["t0", "t1"]), None)
+    assert sent._fields == wire.SpanSnapshot._fields
+    assert (sent.name, sent.attributes, sent.kind, sent.status_code) == ("s", {"k": "v"}, SpanKind.INTERNAL,
+                                                                         StatusCode.UNSET)
+    assert sent.context == wire.ContextSnapshot(*sent.context) and sent.context.trace_state == ()
+    assert sent.scope == wire.ScopeSnapshot("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0",
+                                            (("scope.attr", "yes"),))
+    assert sent.payload == Payload(Kind.TOOL, ["t0", "t1"])  # other data goes as it is
+
+
+def _trajectory() -> TrajectoryData:
+    """A finished 3-turn trajectory whose turns hold their ids as the events API keeps them."""
+    data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
+                          completed_at=9.0, agent_metrics={"num_turns": 3}, reward_score=0.5,
+                          agent_loop_class="ToolAgentLoop", run_completed_ns=8, reward_row=(9, 0.5),
+                          decode=lambda ids, **kw: ",".join(map(str, ids)), encode=lambda text, **kw: [1])
+    prompt = list(range(100, 120))
+    for i in range(3):
+        turn = TurnData(prompt_ids=kept_prompt(prompt, data.turns[-1] if data.turns else None), start_ts=2.0 + i,
+                        prompt_token_count=len(prompt))
+        data.turns.append(turn)
+        turn.end_ts, turn.completion_ids, turn.finish_reason = 2.5 + i, kept_ids([200 + i] * 3), "stop"
+        turn.server_meta = {"queue_time": 0.1}
+        turn.observation_text, turn.observation_start_ts, turn.observation_end_ts = f"tool {i}", 2.6 + i, 2.7 + i
+        prompt += [200 + i] * 3 + [300 + i, 301 + i]  # completion, then observation and template tokens
+    return data
+
+
+def _fields(data: TrajectoryData) -> dict:
+    out = dict(vars(data))
+    out["turns"] = [dict(vars(turn), prompt_ids=(len(turn.prompt_ids), list(turn.prompt_ids[_first(turn):])),
+                         completion_ids=list(turn.completion_ids)) for turn in data.turns]
+    return out
+
+
+def _first(turn: TurnData) -> int:
+    return turn.prompt_ids.start if type(turn.prompt_ids) is PromptTail else 0
+
+
+def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
+    capture, codecs = Capture(), []
+    tracer = _tracer(capture)
+    data = _trajectory()
+    span = payload.start_span(tracer, "invoke_agent tool_agent", Payload(Kind.TRAJECTORY, data))
+    turn = payload.start_span(tracer, "chat m", Payload(Kind.LLM_CALL, data.turns[0]))
+    payload.end_span(turn)
+    payload.end_span(span)
+    codec_id = lambda decode, encode: codecs.append((decode, encode)) or 7  # noqa: E731
+
+    [(started, started_payload, attributes), (turn_started, turn_payload, _)] = capture.starts
+    at_start = _crossed(wire.snapshot(started, started_payload, codec_id, attributes))
+    assert at_start.codec is None and at_start.payload.kind is Kind.TRAJECTORY
+    assert at_start.payload.data.turns == [] and at_start.payload.data.agent_metrics == {}
+    assert (at_start.payload.data.uid, at_start.payload.data.traj_uid, at_start.payload.data.agent_name) == (
+        "u", "0", "tool_agent")
+    # a turn's data goes with its trajectory only
+    assert _crossed(wire.snapshot(turn_started, turn_payload, codec_id, {})).payload == Payload(Kind.LLM_CALL)
+    assert _crossed(wire.snapshot(*capture.ends[0], codec_id)).payload == Payload(Kind.LLM_CALL)
+    assert codecs == []
+
+    at_end = _crossed(wire.snapshot(*capture.ends[1], codec_id))
+    assert codecs == [(data.decode, data.encode)] and at_end.codec == 7
+    sent = at_end.payload.data
+    assert (sent.decode, sent.encode) == (None, None)
+    assert _fields(sent) == dict(_fields(data), decode=None, encode=None)
+    assert all(type(turn.completion_ids) is array for turn in sent.turns)
+    later = sent.turns[1].prompt_ids  # a later turn's prompt: the ids after the previous completion
+    assert type(later) is PromptTail and later.start == 23 and len(later) == 25
+    with pytest.raises(UnsentTokens):
+        later[0]
+
+
+def test_token_ids_cross_as_one_copy():
+    ids = kept_ids(range(100_000))
+    assert len(wire.frame(Payload(Kind.LLM_CALL, ids))) < 4 * len(ids) + 200
+
+
+def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
+    from otel_verl.offload.host import Host
+
+    seen = []
+
+    class Reader(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            seen.append(("start", span.name, payload.payload_of(span)))
+
+        def on_end(self, span):
+            seen.append(("end", span.name, payload.payload_of(span)))
+
+    capture = Capture()
+    tracer = _tracer(capture)
+    rollout = payload.start_span(tracer, "rollout", Payload(Kind.ROLLOUT, ["t0"]))
+    with tracer.start_as_current_span("plain"):  # another tracer's span: no payload
+        pass
+    payload.end_span(rollout)
+    host = Host(CONFIG, processors=[Reader()])
+    rollout_start, rollout_payload, start_attributes = capture.starts[0]
+    host.export(wire.snapshot(rollout_start, rollout_payload, None, start_attributes))
+    assert payload.open_count() == 1  # until its end
+    for ended, ended_payload in capture.ends:
+        host.export(wire.snapshot(ended, ended_payload, None))
+    assert seen == [("start", "rollout", Payload(Kind.ROLLOUT, ["t0"])), ("end", "plain", None),
+                    ("end", "rollout", Payload(Kind.ROLLOUT, ["t0"]))]
+    assert payload.open_count() == 0
+    host.processor.shutdown()
+
+
+def test_a_torn_stream_ends_without_a_message():
+    data = wire.frame(wire.Flush(1))
+    assert wire.read_frame(io.BytesIO(data)) == wire.Flush(1)
+    assert wire.read_frame(io.BytesIO(data[:-1])) is None
+    assert wire.read_frame(io.BytesIO(b"")) is None
+
+
+def _run_host(frames: bytes) -> "tuple[subprocess.CompletedProcess, list]":
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "otel_verl.offload.host", str(write_end)], input=frames,
+                              pass_fds=(write_end,), capture_output=True, timeout=120)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as replies:
+        answers = []
+        while True:
+            answer = wire.read_frame(replies)
+            if answer is None:
+                return proc, answers
+            answers.append(answer)
+
+
+def test_the_export_process_refuses_another_wire_version():
+    proc, answers = _run_host(wire.frame(wire.Hello(wire.VERSION + 1)) + wire.frame(wire.Config(CONFIG)))
+    assert answers == [wire.Hello(wire.VERSION)]  # its own version, for the traced process to report
+    assert proc.returncode != 0
+    message = proc.stderr.decode()
+    assert f"wire version {wire.VERSION + 1}" in message and f"wire version {wire.VERSION}" in message
+
+
+def test_the_export_process_refuses_a_stream_that_does_not_start_with_hello():
+    proc, answers = _run_host(wire.frame(("config", CONFIG)))
+    assert answers == [wire.Hello(wire.VERSION)] and proc.returncode != 0 and b"refused" in proc.stderr
+
+
+def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_refused(monkeypatch, tmp_path):
+    from otel_verl import settings
+    from otel_verl.offload.forwarder import OffloadSpanProcessor
+
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
+    config = wire.HostConfig(settings.load({settings.TRACE_DIR: str(tmp_path)}), dict(RESOURCE.attributes),
+                             RESOURCE.schema_url, os.getpid())
+    offload = OffloadSpanProcessor(config)
+    provider = TracerProvider(resource=RESOURCE)
+    provider.add_span_processor(offload)
+    tracer = provider.get_tracer("t")
+    for i in range(5):
+        with tracer.start_as_current_span(f"s{i}"):
+            pass
+    assert not offload.force_flush(30_000)
+    with tracer.start_as_current_span("after"):
+        pass
+    provider.shutdown()
+    counts = health.snapshot()
+    assert counts["failures"] == {"offload.version": 1}
+    assert counts["dropped"] == {"offload": 6}
+    assert not (tmp_path / "otlp").exists() or not any((tmp_path / "otlp").iterdir())
+
+
+def test_every_message_crosses_a_frame_as_itself():
+    messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Codec(1, pickle.dumps((len, len))),
+                wire.ForgetCodec(1), wire.Flush(2), wire.Flushed(2, True, {"failures": {}, "dropped": {}}),
+                wire.Spans([])]
+    assert [wire.read_frame(io.BytesIO(wire.frame(m))) for m in messages] == messages
