@@ -13,6 +13,7 @@ import pytest
 
 import fault_workload
 from otel_verl import bootstrap, events, health, settings
+from otel_verl.instrumentation import tracing
 from otel_verl.offload.forwarder import OffloadSpanProcessor
 from otel_verl.payload import TrajectoryData, TurnData
 
@@ -38,11 +39,11 @@ class Pipelines:
         self.offload = bootstrap._offload(cfg_there, self.provider.resource)
         assert isinstance(self.offload, OffloadSpanProcessor)
         self.provider.add_span_processor(self.offload)
-        events._install(events._Runtime(self.provider.get_tracer("otel_verl"), ids, cfg_here, sampler))
+        assert tracing.use_provider(self.provider, cfg_here)
 
     def close(self) -> None:
         self.provider.shutdown()
-        events._install(None)
+        tracing.stop()
         bootstrap._legacy.clear()
 
 
