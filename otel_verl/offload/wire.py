@@ -154,6 +154,37 @@ class SpanSnapshot(NamedTuple):
 class Spans(NamedTuple):
     spans: List[SpanSnapshot]
 
+    def __reduce__(self) -> Any:
+        # pickle reduces every NamedTuple through a Python call (several per span, most
+        # of a rollout worker's sending); plain tuples pickle in C, so a batch goes as them
+        return _spans_from_tuples, ([_as_tuples(snapshot) for snapshot in self.spans],)
+
+
+def _as_tuples(s: SpanSnapshot) -> tuple:
+    return (s.name, tuple(s.context), tuple(s.parent) if s.parent is not None else None, s.kind, s.start_time,
+            s.end_time, s.attributes, tuple(tuple(event) for event in s.events),
+            tuple((tuple(link.context), link.attributes, link.dropped_attributes) for link in s.links),
+            s.status_code, s.status_description, tuple(s.scope) if s.scope is not None else None,
+            s.dropped_attributes, s.dropped_events, s.dropped_links,
+            tuple(s.payload) if s.payload is not None else None, s.codec)
+
+
+def _spans_from_tuples(spans: List[tuple]) -> Spans:
+    return Spans([_snapshot_from_tuples(*fields) for fields in spans])
+
+
+def _snapshot_from_tuples(name: str, context: tuple, parent: Optional[tuple], kind: SpanKind, start_time: int,
+                          end_time: Optional[int], attributes: Dict[str, Any], events: tuple, links: tuple,
+                          status_code: StatusCode, status_description: Optional[str], scope: Optional[tuple],
+                          dropped_attributes: int, dropped_events: int, dropped_links: int,
+                          payload: Optional[tuple], codec: Optional[int]) -> SpanSnapshot:
+    return SpanSnapshot(
+        name, ContextSnapshot(*context), ContextSnapshot(*parent) if parent is not None else None, kind, start_time,
+        end_time, attributes, tuple(EventSnapshot(*event) for event in events),
+        tuple(LinkSnapshot(ContextSnapshot(*link[0]), link[1], link[2]) for link in links),
+        status_code, status_description, ScopeSnapshot(*scope) if scope is not None else None,
+        dropped_attributes, dropped_events, dropped_links, Payload(*payload) if payload is not None else None, codec)
+
 
 # --------------------------------------------------------------------------- frames
 
