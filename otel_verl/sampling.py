@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from importlib.metadata import entry_points
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -146,29 +146,35 @@ class IsolatingSpanProcessor(SpanProcessor):
 
     def __init__(self) -> None:
         self.processors: Tuple[SpanProcessor, ...] = ()
+        self._starts: Dict[Any, Tuple[SpanProcessor, ...]] = {}  # payload kind -> who reads its starts
+        self._ends: Dict[Any, Tuple[SpanProcessor, ...]] = {}
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         self.processors += (span_processor,)
+        self._starts.clear()
+        self._ends.clear()
 
     def on_start(self, span, parent_context=None) -> None:
         kind = _payload_kind(span)
-        for sp in self.processors:
-            kinds = getattr(sp, "on_start_kinds", None)
-            if kinds is None or kind in kinds:
-                try:
-                    sp.on_start(span, parent_context=parent_context)
-                except Exception as exc:
-                    _processor_failed(sp, "on_start", exc)
+        readers = self._starts.get(kind)
+        if readers is None:
+            readers = self._starts[kind] = _readers(self.processors, "on_start_kinds", kind)
+        for sp in readers:
+            try:
+                sp.on_start(span, parent_context=parent_context)
+            except Exception as exc:
+                _processor_failed(sp, "on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
         kind = _payload_kind(span)
-        for sp in self.processors:
-            kinds = getattr(sp, "on_end_kinds", None)
-            if kinds is None or kind in kinds:
-                try:
-                    sp.on_end(span)
-                except Exception as exc:
-                    _processor_failed(sp, "on_end", exc)
+        readers = self._ends.get(kind)
+        if readers is None:
+            readers = self._ends[kind] = _readers(self.processors, "on_end_kinds", kind)
+        for sp in readers:
+            try:
+                sp.on_end(span)
+            except Exception as exc:
+                _processor_failed(sp, "on_end", exc)
 
     def shutdown(self) -> None:
         for sp in self.processors:
@@ -191,6 +197,11 @@ class IsolatingSpanProcessor(SpanProcessor):
                 _processor_failed(sp, "force_flush", exc)
                 flushed = False
         return flushed
+
+
+def _readers(processors: Tuple[SpanProcessor, ...], attribute: str, kind: Any) -> Tuple[SpanProcessor, ...]:
+    """The processors that read spans of ``kind`` (``None``: spans without a payload)."""
+    return tuple(sp for sp in processors if getattr(sp, attribute, None) is None or kind in getattr(sp, attribute))
 
 
 def _payload_kind(span: Any) -> Any:

@@ -33,6 +33,7 @@ class PayloadSeen(SpanProcessor):
 def seen(make_pipeline):
     processor = PayloadSeen()
     pipeline = make_pipeline([processor])
+    pipeline.open_before = payload.open_count()
     return processor, pipeline
 
 
@@ -88,7 +89,7 @@ def test_a_trajectory_is_one_subtree_of_the_uid_trace(seen):
 
 
 def test_processors_read_each_spans_payload_at_start_and_end(seen):
-    processor, _ = seen
+    processor, pipeline = seen
     traj = _one_trajectory()
     kinds = {(when, name): found.kind for when, name, found in processor.seen}
     agent, chat = sc.agent_span_name("tool_agent"), sc.llm_span_name(sc.OP_CHAT, "qwen")
@@ -98,7 +99,7 @@ def test_processors_read_each_spans_payload_at_start_and_end(seen):
     assert kinds[("end", sc.SPAN_REWARD)] is Kind.REWARD
     ends = {name: found.data for when, name, found in processor.seen if when == "end"}
     assert ends[agent] is traj and isinstance(ends[chat], TurnData)
-    assert payload.open_count() == 0  # nothing kept once the spans ended
+    assert payload.open_count() == pipeline.open_before  # nothing kept once the spans ended
 
 
 def test_a_failed_llm_call_is_no_turn_and_its_span_keeps_the_error(seen):
@@ -111,7 +112,7 @@ def test_a_failed_llm_call_is_no_turn_and_its_span_keeps_the_error(seen):
     chat = _by_name(pipeline.spans(), sc.llm_span_name(sc.OP_CHAT, None))
     assert chat.status.status_code is StatusCode.ERROR
     assert chat.attributes[sc.ERROR_TYPE] == "RuntimeError"
-    assert payload.open_count() == 0
+    assert payload.open_count() == pipeline.open_before
 
 
 def test_the_trajectory_is_current_inside_its_block_and_restored_after(seen):
@@ -176,7 +177,7 @@ def test_batch_stage_spans_have_the_stage_times_the_sample_parent_and_the_stage_
     assert per_uid["u1"].attributes[sc.TRAJ_UIDS] == ("a", "b")
     stage_payloads = [found for when, n, found in processor.seen if n == name and when == "end"]
     assert sorted(found.data for found in stage_payloads) == [["a", "b"], ["c"]]
-    assert payload.open_count() == 0
+    assert payload.open_count() == pipeline.open_before
 
 
 def test_the_llm_server_span_joins_the_turn_through_its_headers(seen):
