@@ -439,14 +439,14 @@ def test_forked_child_writes_its_own_file(csv_proc, clock):
     assert [r["sample_id"] for r in read_rows(proc)] == ["parent/sample"]  # written once, by the parent
 
 
-def test_rows_that_cannot_be_formatted_on_the_callers_thread_are_counted(csv_proc, clock, monkeypatch):
+def test_rows_that_cannot_be_formatted_are_counted(csv_proc, clock, monkeypatch):
     proc, _ = csv_proc()
 
     def broken(*args, **kwargs):
         raise RuntimeError("no format")
 
     monkeypatch.setattr("otel_verl.exporters.sample_csv.render_rows", broken)
-    with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent"):  # one row: formatted at once
+    with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent"):  # one row
         pass
     assert proc.force_flush()
     assert proc.writer.dropped_lines == 1

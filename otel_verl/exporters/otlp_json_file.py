@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_verl import health
-from otel_verl.exporters._writer import make_dirs, output_pid
+from otel_verl.exporters._writer import FILE_MODE, append_whole, make_dirs, output_pid
 
 logger = logging.getLogger("otel_verl")
 
@@ -90,27 +90,8 @@ class OtlpJsonFileExporter(SpanExporter):
     def _append(self, data: bytes) -> None:
         if self._fd < 0 or self._pid != output_pid() or self._size >= self.max_file_bytes:
             self._open_next()
-        written = 0
-        view = memoryview(data)
-        try:
-            while written < len(data):
-                n = os.write(self._fd, view[written:])
-                if n <= 0:
-                    raise OSError("short write")
-                written += n
-        except OSError:
-            self._cut_back()
-            raise
-        self._size += written
-
-    def _cut_back(self) -> None:
-        """A torn last line would break every reader: cut the file back to its last whole
-        line (the file is this process's alone, so its size before the write is known)."""
-        try:
-            if os.fstat(self._fd).st_size > self._size:
-                os.ftruncate(self._fd, self._size)
-        except OSError:
-            pass
+        append_whole(self._fd, data)  # a torn last line would break every reader
+        self._size += len(data)
 
     def _open_next(self) -> None:
         """Open the file to append to: the first one, the next one when the current is
@@ -126,7 +107,7 @@ class OtlpJsonFileExporter(SpanExporter):
         while True:
             suffix = f"-{self._index}" if self._index else ""
             path = os.path.join(self.directory, f"spans-{self._host}-pid{pid}{suffix}.jsonl")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             size = os.fstat(fd).st_size
             # an earlier process with the same pid may have filled this one already
             if size < self.max_file_bytes:

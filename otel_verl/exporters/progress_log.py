@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, TextIO
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter
-from otel_verl.exporters.sample_csv import span_failed, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, write_discovery_file
+from otel_verl.exporters.sample_csv import span_failed
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Kind, Layout, Stage
 
@@ -217,7 +217,7 @@ class ProgressLogProcessor(SpanProcessor):
             if not self._discovery_written:  # with the first line for the file, as the seed did
                 self._discovery_written = True
                 write_discovery_file(self._discovery_path, self.directory)
-            self.writer.submit_text(self._hour_path(), text, len(lines))
+            self.writer.write(self._hour_path(), text, len(lines))
 
     def _hour_path(self) -> str:
         """``{dir}/{YYYYMMDD-HH}.log`` of now; formatted once a minute at most."""

@@ -5,11 +5,8 @@ is a contract: ``shared/LEGACY_FORMATS.md`` section 1. Which span start/end yiel
 row is the table in ``docs/SPANS.md`` ("Sample-flow CSV").
 
 Cost model: on_start/on_end run on the training thread or the agent loop's event loop.
-A batch stage's event (16k rows at 1024 prompts x 16) only picks the shared fields and
-keeps a reference to its id list; its CSV text, and the optional ``[FLOW_TRACE]``
-stdout lines, are produced on the writer thread. An event of a few rows (every rollout
-worker event) is made into text at once: cheaper than keeping its objects alive until
-the writer thread runs.
+An event only picks the shared fields and keeps a reference to its id list; its CSV
+text, and the optional ``[FLOW_TRACE]`` stdout lines, are produced on the writer thread.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
 from otel_verl.exporters import _writer
-from otel_verl.exporters._writer import BackgroundWriter
+from otel_verl.exporters._writer import BackgroundWriter, write_discovery_file
 from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Kind
 
@@ -49,11 +46,6 @@ def _refresh_pid() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_refresh_pid)
-
-# An event of at most this many rows (a rollout worker's: one row) is made into text on
-# the caller's thread, so nothing of it waits for the writer thread but the text.
-_RENDER_NOW_MAX_ROWS = 16
-
 
 class _Rows:
     """The rows of one event: everything but (uid, traj) is shared.
@@ -411,20 +403,6 @@ class ValidationScope:
         return bool(_attrs(span).get(sc.VALIDATE))
 
 
-def write_discovery_file(path: Optional[str], directory: str) -> None:
-    """Node-local pointer for tools looking for our files; best effort. Created 0o644
-    whatever the umask (never world-writable), and never through a symlink planted in a
-    shared /tmp."""
-    if not path:
-        return
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-        with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as f:
-            f.write(directory)
-    except OSError:
-        pass
-
-
 class SampleCsvProcessor(SpanProcessor):
     """Writes the sample-flow CSV rows of the spans of this process."""
 
@@ -500,23 +478,13 @@ class SampleCsvProcessor(SpanProcessor):
 
     def _submit(self, groups: List[_Rows]) -> None:
         n_rows = len(groups[0].trajs) if len(groups) == 1 else sum(len(rows.trajs) for rows in groups)
-        if not n_rows:
-            return
-        if n_rows > _RENDER_NOW_MAX_ROWS:  # a batch stage: its rows are made on the writer thread
+        if n_rows:
             self.writer.submit(functools.partial(self._render, groups), n_rows)
-            return
-        try:
-            path, text = self._render(groups)[0]
-        except Exception as exc:
-            health.record_failure("sample_csv.render", exc)
-            self.writer.count_unformatted(n_rows)
-            return
-        self.writer.submit_text(path, text, n_rows)
 
-    def _render(self, groups: List[_Rows]) -> List[tuple]:
+    def _render(self, groups: List[_Rows]) -> tuple:
         if self._flow_stdout:
             self._print_flow_trace(groups)
-        return [(self.path, render_rows(self._job_id, groups))]
+        return self.path, render_rows(self._job_id, groups)
 
     def _print_flow_trace(self, groups: List[_Rows]) -> None:
         lines = [line for rows in groups for line in rows.flow_trace_lines()]

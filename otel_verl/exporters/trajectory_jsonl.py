@@ -31,8 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, output_pid
-from otel_verl.exporters.sample_csv import write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Kind
@@ -79,11 +78,11 @@ class TrajectoryJsonlProcessor(SpanProcessor):
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
-    def _render(self, data: TrajectoryData) -> List[Tuple[str, str]]:
+    def _render(self, data: TrajectoryData) -> Tuple[str, str]:
         # writer thread: format, then pick the file (rotation needs the line's size)
         text = trajectory_line(data) + "\n"
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
-        return [(self._files.path_for(size), text)]
+        return self._files.path_for(size), text
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
