@@ -48,25 +48,22 @@ class Rows:
     detail: str
     ts_ns: int
 
-    def known_step(self) -> Optional[int]:
-        return None if self.step == -1 else self.step
+    def fields(self) -> List[str]:
+        """from, to and stage, then the step when it is known and the detail when there is one."""
+        fields = [f"from={self.source}", f"to={self.target}", f"stage={self.stage}"]
+        if self.step is not None and self.step != -1:
+            fields.append(f"global_step={self.step}")
+        if self.detail:
+            fields.append(f"detail={self.detail}")
+        return fields
 
     def content(self) -> str:
-        parts = [f"from={self.source}", f"to={self.target}", f"stage={self.stage}"]
-        if self.known_step() is not None:
-            parts.append(f"global_step={self.step}")
-        if self.detail:
-            parts.append(f"detail={self.detail}")
-        return "|".join(parts)
+        return "|".join(self.fields())
 
     def flow_trace_lines(self) -> List[str]:
         """The seed's opt-in ``[FLOW_TRACE]`` stdout lines for these rows."""
         iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.ts_ns / 1e9))
-        tail = f"from={self.source} | to={self.target} | stage={self.stage}"
-        if self.known_step() is not None:
-            tail += f" | global_step={self.step}"
-        if self.detail:
-            tail += f" | detail={self.detail}"
+        tail = " | ".join(self.fields())
         return [f"[FLOW_TRACE] {iso} | uid={self.uid} | traj_uid={traj} | {tail}" for traj in self.trajs]
 
 
@@ -301,13 +298,13 @@ class ValidationScope:
         """At span end: whether the span belonged to a validation sample (and forget it).
         A span whose start this scope did not see (no row is written at its start)
         belongs to one when its parent, still open, does."""
-        if self._span_ids and span.context.span_id in self._span_ids:
-            self._span_ids.discard(span.context.span_id)
+        span_id = span.context.span_id
+        if span_id in self._span_ids:
+            self._span_ids.discard(span_id)
             return True
         return bool(span.attributes.get(sc.VALIDATE)) or self._parent_inside(span)
 
     def _parent_inside(self, span: Any) -> bool:
-        # most of the time no validation sample is open: nothing to look up
         return bool(self._span_ids) and span.parent is not None and span.parent.span_id in self._span_ids
 
 
