@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from otel_verl import events, health
-from otel_verl.exporters.sample_csv import SampleCsvProcessor, _Rows, render_rows
+from otel_verl.exporters.sample_csv import Rows, SampleCsvProcessor, render_rows
 from otel_verl.semconv import Stage
 
 CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
@@ -175,25 +175,24 @@ def test_global_step_omitted_when_unknown(csv_proc, clock):
 
 
 def test_content_omits_empty_detail():
-    rows = _Rows("u", ("0",), "A", "B", "S", 3, "", T0_NS)
+    rows = Rows("u", ("0",), "A", "B", "S", 3, "", T0_NS)
     assert rows.content() == "from=A|to=B|stage=S|global_step=3"
-    assert _Rows("u", ("0",), "A", "B", "S", None, "", T0_NS).content() == "from=A|to=B|stage=S"
+    assert Rows("u", ("0",), "A", "B", "S", None, "", T0_NS).content() == "from=A|to=B|stage=S"
 
 
 @pytest.mark.parametrize("job_id", ["dlc-1", 'job,"x"'])
 @pytest.mark.parametrize("uid", ["92ee95cb-f14d-4a51-92a5-9a2a0f88d1d5", "a,b", 'q"uote', "line\nbreak", "cr\r", ""])
-def test_fast_rendering_equals_csv_writer(job_id, uid):
-    """render_rows concatenates pre-quoted cells; the bytes must be csv.writer's."""
+def test_rendering_equals_csv_writer(job_id, uid):
+    """render_rows puts rows together from quoted cells; the bytes must be csv.writer's."""
     import io
 
     groups = [
-        _Rows(uid, ["0", "17", "N/A", "*", "x,y", "²"], "A", "B", "TRAIN_UPDATE", 4, 'tool_executed_name=a,"b"', T0_NS),
-        _Rows(uid, ("N/A",), "DataLoader", "T", "DATA_PREPROCESS", None, "", T0_NS + 1),
-        # one row (a rollout worker's events): its own concatenation
-        _Rows(uid, ("3",), "SingleTurnAgentLoop", "RolloutReplica", "LLM_GENERATE", None, "sending_generate_request",
-              T0_NS + 2),
-        _Rows(uid, ["12"], "Tool", "ToolAgentLoop", "AGENT_TOOL", None, 'tool_executed_name=a,"b"', T0_NS + 3),
-        _Rows(uid, (7,), "AgentLoopWorker", "AgentLoop(x)", "AGENT_LOOP", 2, "agent_task_started", T0_NS + 4),
+        Rows(uid, ["0", "17", "N/A", "*", "x,y", "²"], "A", "B", "TRAIN_UPDATE", 4, 'tool_executed_name=a,"b"', T0_NS),
+        Rows(uid, ("N/A",), "DataLoader", "T", "DATA_PREPROCESS", None, "", T0_NS + 1),
+        Rows(uid, ("3",), "SingleTurnAgentLoop", "RolloutReplica", "LLM_GENERATE", None, "sending_generate_request",
+             T0_NS + 2),
+        Rows(uid, ["12"], "Tool", "ToolAgentLoop", "AGENT_TOOL", None, 'tool_executed_name=a,"b"', T0_NS + 3),
+        Rows(uid, (7,), "AgentLoopWorker", "AgentLoop(x)", "AGENT_LOOP", 2, "agent_task_started", T0_NS + 4),
     ]
     expected = io.StringIO()
     writer = csv.writer(expected)
@@ -439,14 +438,14 @@ def test_forked_child_writes_its_own_file(csv_proc, clock):
     assert [r["sample_id"] for r in read_rows(proc)] == ["parent/sample"]  # written once, by the parent
 
 
-def test_rows_that_cannot_be_formatted_on_the_callers_thread_are_counted(csv_proc, clock, monkeypatch):
+def test_rows_that_cannot_be_formatted_are_counted(csv_proc, clock, monkeypatch):
     proc, _ = csv_proc()
 
     def broken(*args, **kwargs):
         raise RuntimeError("no format")
 
     monkeypatch.setattr("otel_verl.exporters.sample_csv.render_rows", broken)
-    with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent"):  # one row: formatted at once
+    with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent"):  # one row
         pass
     assert proc.force_flush()
     assert proc.writer.dropped_lines == 1

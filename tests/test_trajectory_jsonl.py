@@ -582,14 +582,13 @@ def test_metrics_that_json_cannot_encode_are_stringified_not_lost(clock, traj_di
 def test_formatting_happens_on_the_writer_thread(clock, traj_dir, monkeypatch):
     proc, trace_dir, _ = traj_dir
     dumps_threads: List[str] = []
-    real_encoder = tj._OUTER
+    real_trajectory_line = tj.trajectory_line
 
-    class RecordingEncoder:
-        def encode(self, obj):
-            dumps_threads.append(threading.current_thread().name)
-            return real_encoder.encode(obj)
+    def recording_trajectory_line(data):
+        dumps_threads.append(threading.current_thread().name)
+        return real_trajectory_line(data)
 
-    monkeypatch.setattr(tj, "_OUTER", RecordingEncoder())
+    monkeypatch.setattr(tj, "trajectory_line", recording_trajectory_line)
     tok = CharTokenizer()
     run_multi_turn_tool(clock, tok)
     run_single_turn(clock, tok)

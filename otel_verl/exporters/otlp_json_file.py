@@ -1,23 +1,19 @@
 """Spans as OTLP-JSON lines, in the OpenTelemetry Collector file exporter's format.
 
-The embedded default output (``{trace_dir}/otlp/`` when no OTLP endpoint is set): every
-export batch of the SDK's BatchSpanProcessor becomes one ``{"resourceSpans":[...]}`` line
-in ``spans-{hostname}-pid{pid}.jsonl`` (then ``...-1.jsonl``, ``...-2.jsonl`` past the size
+The default output when no OTLP endpoint is set (``{trace_dir}/otlp/``): each export batch
+of the SDK's BatchSpanProcessor becomes one ``{"resourceSpans":[...]}`` line in
+``spans-{hostname}-pid{pid}.jsonl`` (then ``...-1.jsonl``, ``...-2.jsonl`` past the size
 limit). The JSON is the OTLP/JSON mapping the Collector writes: lowerCamelCase keys,
-lowercase hex trace/span ids, int64 values (``*UnixNano``, ``intValue``) as decimal
-strings, ``kind`` and ``status.code`` as integers, zero values omitted. So a line can be
-replayed with the Collector's ``otlpjsonfile`` receiver, posted as is to an OTLP/HTTP
-endpoint as ``application/json`` (OTLP/JSON specifies hex ids), parsed by protobuf's
-``json_format`` after :func:`to_protobuf_json` (plain proto3 JSON wants base64 ids), or
-read back here with :func:`read_otlp_json_lines` / :func:`spans_from_files`.
+lowercase hex ids, int64 values as decimal strings, enums as integers, zero values left
+out. A line can be replayed with the Collector's ``otlpjsonfile`` receiver, posted to an
+OTLP/HTTP endpoint as ``application/json``, parsed by protobuf's ``json_format`` after
+:func:`to_protobuf_json` (plain proto3 JSON wants base64 ids), or read back here with
+:func:`read_otlp_json_lines` / :func:`spans_from_files`.
 
-Encoding: :func:`resource_spans_dict` builds the JSON objects straight from the SDK's
-``ReadableSpan``\\ s. It mirrors the SDK's own OTLP encoder followed by protobuf's
-``json_format.MessageToDict`` (:func:`resource_spans_via_sdk`, kept as the reference: the
-tests assert both give equal dicts and that the lines parse back into the very protobuf
-the SDK encodes). The exporter runs inside the traced processes, on a thread that shares
-the GIL with the agent loop: the protobuf round trip cost about four times the CPU
-(~190 vs ~50 µs per span, ``json.dumps`` included, on a shared 2-core machine).
+:func:`resource_spans_dict` builds from the spans' public properties the objects that
+the SDK's OTLP encoder followed by protobuf's ``MessageToDict`` gives
+(:func:`resource_spans_via_sdk`, which the tests compare it with), at a sixth of the CPU:
+the exporter runs on a thread that shares the GIL with the traced process.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind
 
 from otel_verl import health
-from otel_verl.exporters._writer import make_dirs, output_pid
+from otel_verl.exporters._writer import FILE_MODE, append_whole, make_dirs, output_pid
 
 logger = logging.getLogger("otel_verl")
 
@@ -90,27 +86,8 @@ class OtlpJsonFileExporter(SpanExporter):
     def _append(self, data: bytes) -> None:
         if self._fd < 0 or self._pid != output_pid() or self._size >= self.max_file_bytes:
             self._open_next()
-        written = 0
-        view = memoryview(data)
-        try:
-            while written < len(data):
-                n = os.write(self._fd, view[written:])
-                if n <= 0:
-                    raise OSError("short write")
-                written += n
-        except OSError:
-            self._cut_back()
-            raise
-        self._size += written
-
-    def _cut_back(self) -> None:
-        """A torn last line would break every reader: cut the file back to its last whole
-        line (the file is this process's alone, so its size before the write is known)."""
-        try:
-            if os.fstat(self._fd).st_size > self._size:
-                os.ftruncate(self._fd, self._size)
-        except OSError:
-            pass
+        append_whole(self._fd, data)  # a torn last line would break every reader
+        self._size += len(data)
 
     def _open_next(self) -> None:
         """Open the file to append to: the first one, the next one when the current is
@@ -126,7 +103,7 @@ class OtlpJsonFileExporter(SpanExporter):
         while True:
             suffix = f"-{self._index}" if self._index else ""
             path = os.path.join(self.directory, f"spans-{self._host}-pid{pid}{suffix}.jsonl")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             size = os.fstat(fd).st_size
             # an earlier process with the same pid may have filled this one already
             if size < self.max_file_bytes:
@@ -163,19 +140,15 @@ def resource_spans_dict(spans: Sequence[ReadableSpan]) -> Dict[str, Any]:
     first appearance, exactly as ``MessageToDict(encode_spans(spans))`` with hex ids.
 
     Keys are emitted in protobuf field-number order, like ``MessageToDict``."""
-    groups: Dict[Any, Dict[Any, List[Dict[str, Any]]]] = {}
-    by_resource_id: Dict[int, Dict[Any, List[Dict[str, Any]]]] = {}
+    groups: Dict[Any, Dict[Any, List[Dict[str, Any]]]] = {}  # resource -> scope -> span dicts
     for span in spans:
-        resource = span.resource
-        # Resource hashes by dumping its attributes to JSON: look each object up once.
-        scopes = by_resource_id.get(id(resource))
-        if scopes is None:
-            scopes = by_resource_id[id(resource)] = groups.setdefault(resource, {})
+        scopes = groups.setdefault(span.resource, {})
         scopes.setdefault(span.instrumentation_scope or None, []).append(_span_dict(span))
     out = []
     for resource, scopes in groups.items():
+        attributes = _attributes(resource.attributes)
         resource_spans: Dict[str, Any] = {
-            "resource": _attributes_holder(resource.attributes),
+            "resource": {"attributes": attributes} if attributes else {},
             "scopeSpans": [_scope_spans_dict(scope, span_dicts) for scope, span_dicts in scopes.items()],
         }
         if resource.schema_url:
@@ -276,11 +249,6 @@ def _flags(context: Any) -> int:
     return _FLAG_HAS_IS_REMOTE
 
 
-def _attributes_holder(attributes: Any) -> Dict[str, Any]:
-    encoded = _attributes(attributes)
-    return {"attributes": encoded} if encoded else {}
-
-
 def _attributes(attributes: Any) -> List[Dict[str, Any]]:
     if not attributes:
         return []
@@ -291,8 +259,12 @@ def _attributes(attributes: Any) -> List[Dict[str, Any]]:
         except Exception as exc:  # the SDK encoder logs and skips such an attribute too
             health.record_failure(f"{_OUTPUT}.attribute", exc)
             continue
-        out.append({"key": key, "value": encoded} if key else {"value": encoded})
+        out.append(_key_value(key, encoded))
     return out
+
+
+def _key_value(key: str, encoded: Dict[str, Any]) -> Dict[str, Any]:
+    return {"key": key, "value": encoded} if key else {"value": encoded}  # an empty key is a zero value
 
 
 def _any_value(value: Any) -> Dict[str, Any]:
@@ -317,11 +289,7 @@ def _any_value(value: Any) -> Dict[str, Any]:
         values = [_any_value(v) for v in value]
         return {"arrayValue": {"values": values} if values else {}}
     if isinstance(value, Mapping):
-        pairs = []
-        for k, v in value.items():
-            k = str(k)
-            encoded = _any_value(v)
-            pairs.append({"key": k, "value": encoded} if k else {"value": encoded})
+        pairs = [_key_value(str(k), _any_value(v)) for k, v in value.items()]
         return {"kvlistValue": {"values": pairs} if pairs else {}}
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
@@ -337,7 +305,7 @@ def _json_double(value: float) -> Union[float, str]:
 
 def resource_spans_via_sdk(spans: Sequence[ReadableSpan]) -> Dict[str, Any]:
     """The reference encoding: the SDK's OTLP encoder, protobuf's ``MessageToDict``, then
-    base64 ids -> lowercase hex. About 5x slower than :func:`resource_spans_dict`."""
+    base64 ids -> lowercase hex."""
     from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 

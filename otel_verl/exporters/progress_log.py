@@ -1,10 +1,9 @@
 """The training-progress log: bare text lines a progress panel parses.
 
-Format: ``shared/LEGACY_FORMATS.md`` section 2; which span start/end yields which line:
-the "Progress log" table of ``docs/SPANS.md``. Lines always go to stdout (flushed, at
-the moment of the event); with a trace dir they are also appended to
-``{trace_dir}/progress/{YYYYMMDD-HH}.log`` by a background writer. Progress lines are a
-handful per stage, so they are formatted on the caller's thread.
+The format is section 2 of ``docs/LEGACY_FORMATS.md``; which span start or end writes
+which line is the "Progress log" table of ``docs/SPANS.md``. Lines always go to stdout
+(flushed, at the moment of the event); with a trace dir they are also appended to
+``{trace_dir}/progress/{YYYYMMDD-HH}.log`` by a background writer.
 """
 
 from __future__ import annotations
@@ -12,19 +11,19 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter
-from otel_verl.exporters.sample_csv import span_failed, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, write_discovery_file
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Kind, Layout, Stage
 
 DISCOVERY_PATH = "/tmp/verl_progress_path.txt"  # node-local: names the progress/ dir
 V1_TRAINER = "PPOTrainerV1"
-_BAR = "=" * 20
+BAR = "=" * 20
 DISAGG_PREFIX = "disagg: "
 
 # Stages written as a "start {label}" / "end {label}" pair. generation, update_actor and
@@ -57,9 +56,9 @@ def fit_lines(attrs: Any) -> List[str]:
 def step_banner(attrs: Any) -> str:
     step = attrs.get(sc.GLOBAL_STEP)
     if attrs.get(sc.LAYOUT) == Layout.DISAGGREGATED.value:
-        return f"{_BAR} Step {step} {_BAR}"
+        return f"{BAR} Step {step} {BAR}"
     epoch, consumed = attrs.get(sc.EPOCH, 0), attrs.get(sc.CONSUMED_BATCHES, 0)
-    return f"{_BAR} Epoch {epoch}, consumed {consumed} batches, Step {step} {_BAR}"
+    return f"{BAR} Epoch {epoch}, consumed {consumed} batches, Step {step} {BAR}"
 
 
 def gen_throughput_line(n_tokens: Any, seconds: float) -> Optional[str]:
@@ -68,55 +67,58 @@ def gen_throughput_line(n_tokens: Any, seconds: float) -> Optional[str]:
     return f"gen throughput (token/s): {int(n_tokens) / seconds:.2f}"
 
 
-class _StageView:
-    """What the lines of one step-stage span depend on."""
+@dataclass
+class StepStage:
+    """What the lines of a step-stage span say."""
 
-    __slots__ = ("stage", "step", "disaggregated", "trainer", "prefix")
+    stage: str
+    step: int  # -1: unknown
+    disaggregated: bool
+    trainer: str
 
-    def __init__(self, attrs: Any, trainer: str) -> None:
-        self.stage = str(attrs.get(sc.STAGE))
-        step = attrs.get(sc.GLOBAL_STEP)
-        self.step = step if step is not None else -1
-        self.disaggregated = attrs.get(sc.LAYOUT) == Layout.DISAGGREGATED.value
-        self.trainer = trainer
-        self.prefix = DISAGG_PREFIX if self.disaggregated else ""
+    @property
+    def prefix(self) -> str:
+        return DISAGG_PREFIX if self.disaggregated else ""
+
+    @property
+    def fetch_prefix(self) -> str:
+        # SeparateRayPPOTrainer's fetch lines have no prefix; the v1 trainer's do
+        return DISAGG_PREFIX if self.trainer == V1_TRAINER else ""
 
 
-def stage_start_lines(view: _StageView) -> List[str]:
-    if view.stage == Stage.GENERATION.value:
+def stage_start_lines(s: StepStage) -> List[str]:
+    if s.stage == Stage.GENERATION.value:
         # Disaggregated trainers keep the rollout window but have no "start generation".
-        window = f"Step {view.step} rollout started"
-        return [window] if view.disaggregated else [window, "start generation"]
-    if view.stage == Stage.UPDATE_ACTOR.value:
-        return [f"Step {view.step} train started", f"{view.prefix}start update actor"]
-    if view.stage == Stage.FETCH_BATCH.value:
-        prefix = DISAGG_PREFIX if view.trainer == V1_TRAINER else ""
-        return [f"{prefix}Trainer: try to load global batch@{view.step}, chunk[0/0] from replay_queue"]
-    label = STAGE_LABELS.get(view.stage)
-    return [f"{view.prefix}start {label}"] if label else []
+        window = f"Step {s.step} rollout started"
+        return [window] if s.disaggregated else [window, "start generation"]
+    if s.stage == Stage.UPDATE_ACTOR.value:
+        return [f"Step {s.step} train started", f"{s.prefix}start update actor"]
+    if s.stage == Stage.FETCH_BATCH.value:
+        return [f"{s.fetch_prefix}Trainer: try to load global batch@{s.step}, chunk[0/0] from replay_queue"]
+    label = STAGE_LABELS.get(s.stage)
+    return [f"{s.prefix}start {label}"] if label else []
 
 
-def stage_end_lines(view: _StageView, attrs: Any, seconds: float) -> List[str]:
-    if view.stage == Stage.GENERATION.value:
-        lines = [] if view.disaggregated else ["end generation"]
-        lines.append(f"Step {view.step} rollout finished")
+def stage_end_lines(s: StepStage, response_tokens: Any, seconds: float) -> List[str]:
+    if s.stage == Stage.GENERATION.value:
+        lines = [] if s.disaggregated else ["end generation"]
+        lines.append(f"Step {s.step} rollout finished")
         # v1 separate_async: the window is a replay-queue wait, not rollout production.
-        if not (view.disaggregated and view.trainer == V1_TRAINER):
-            throughput = gen_throughput_line(attrs.get(sc.RESPONSE_TOKENS), seconds)
+        if not (s.disaggregated and s.trainer == V1_TRAINER):
+            throughput = gen_throughput_line(response_tokens, seconds)
             if throughput:
                 lines.append(throughput)
         return lines
-    if view.stage == Stage.UPDATE_ACTOR.value:
-        return [f"{view.prefix}end update actor", f"Step {view.step} train finished"]
-    if view.stage == Stage.FETCH_BATCH.value:
-        prefix = DISAGG_PREFIX if view.trainer == V1_TRAINER else ""
-        return [f"{prefix}Trainer: successfully load global batch@{view.step}, chunk[0/0] from replay_queue"]
-    label = STAGE_LABELS.get(view.stage)
-    return [f"{view.prefix}end {label}"] if label else []
+    if s.stage == Stage.UPDATE_ACTOR.value:
+        return [f"{s.prefix}end update actor", f"Step {s.step} train finished"]
+    if s.stage == Stage.FETCH_BATCH.value:
+        return [f"{s.fetch_prefix}Trainer: successfully load global batch@{s.step}, chunk[0/0] from replay_queue"]
+    label = STAGE_LABELS.get(s.stage)
+    return [f"{s.prefix}end {label}"] if label else []
 
 
 def task_completed_line(span: Any, data: Any) -> str:
-    attrs = span.attributes or {}
+    attrs = span.attributes
     uid = getattr(data, "uid", None) or attrs.get(sc.UID, "unknown")
     traj = getattr(data, "traj_uid", None) or attrs.get(sc.TRAJ_UID, "N/A")
     score = attrs.get(sc.REWARD_SCORE)
@@ -149,23 +151,20 @@ class ProgressLogProcessor(SpanProcessor):
         self._discovery_written = False
         # open step span id -> its verl.trainer: a stage span need not repeat it
         self._step_trainers: Dict[int, str] = {}
-        self._hour_cache: Optional[tuple] = None  # (from, until, path) of the current log file
-
-    # ------------------------------------------------------------------ span processor
+        self._path, self._path_minute = "", -1  # the hour file, and the minute it was made for
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         try:
             payload = payload_of(span)
             if payload is None:
                 return
-            attrs = span.attributes or {}
             if payload.kind is Kind.FIT:
-                self._emit(fit_lines(attrs))
+                self._emit(fit_lines(span.attributes))
             elif payload.kind is Kind.STEP:
-                self._step_trainers[span.context.span_id] = str(attrs.get(sc.TRAINER, ""))
-                self._emit([step_banner(attrs)])
+                self._step_trainers[span.context.span_id] = str(span.attributes.get(sc.TRAINER, ""))
+                self._emit([step_banner(span.attributes)])
             elif payload.kind is Kind.STEP_STAGE:
-                self._emit(stage_start_lines(self._stage_view(span, attrs)))
+                self._emit(stage_start_lines(self._step_stage(span)))
         except Exception as exc:
             health.record_failure("progress_log.on_start", exc)
 
@@ -176,14 +175,14 @@ class ProgressLogProcessor(SpanProcessor):
                 return
             if payload.kind is Kind.STEP:
                 self._step_trainers.pop(span.context.span_id, None)
-            elif span_failed(span):  # the seed wrote "end"/"completed" lines only on success
+            elif not span.status.is_ok:  # the seed wrote "end"/"completed" lines only on success
                 return
             elif payload.kind is Kind.STEP_STAGE:
-                attrs = span.attributes or {}
                 seconds = (span.end_time - span.start_time) / 1e9
-                self._emit(stage_end_lines(self._stage_view(span, attrs), attrs, seconds))
+                response_tokens = span.attributes.get(sc.RESPONSE_TOKENS)
+                self._emit(stage_end_lines(self._step_stage(span), response_tokens, seconds))
             elif payload.kind is Kind.TRAJECTORY and self.directory is not None:
-                if not (span.attributes or {}).get(sc.VALIDATE):
+                if not span.attributes.get(sc.VALIDATE):
                     self._emit([task_completed_line(span, payload.data)])
         except Exception as exc:
             health.record_failure("progress_log.on_end", exc)
@@ -195,13 +194,18 @@ class ProgressLogProcessor(SpanProcessor):
         if self.writer is not None:
             self.writer.close()
 
-    # ------------------------------------------------------------------ output
-
-    def _stage_view(self, span: Any, attrs: Any) -> _StageView:
+    def _step_stage(self, span: Any) -> StepStage:
+        attrs = span.attributes
         trainer = attrs.get(sc.TRAINER)
         if not trainer and span.parent is not None:
             trainer = self._step_trainers.get(span.parent.span_id)
-        return _StageView(attrs, str(trainer or ""))
+        step = attrs.get(sc.GLOBAL_STEP)
+        return StepStage(
+            stage=str(attrs.get(sc.STAGE)),
+            step=step if step is not None else -1,
+            disaggregated=attrs.get(sc.LAYOUT) == Layout.DISAGGREGATED.value,
+            trainer=str(trainer or ""),
+        )
 
     def _emit(self, lines: List[str]) -> None:
         if not lines:
@@ -217,17 +221,15 @@ class ProgressLogProcessor(SpanProcessor):
             if not self._discovery_written:  # with the first line for the file, as the seed did
                 self._discovery_written = True
                 write_discovery_file(self._discovery_path, self.directory)
-            self.writer.submit_text(self._hour_path(), text, len(lines))
+            self.writer.write(self._hour_path(), text, len(lines))
 
     def _hour_path(self) -> str:
-        """``{dir}/{YYYYMMDD-HH}.log`` of now; formatted once a minute at most."""
+        """``{dir}/{YYYYMMDD-HH}.log`` of the local hour now. Made once a minute: time
+        zones and daylight saving shift the hour on whole minutes."""
         now = self._clock()
-        cached = self._hour_cache
-        if cached is not None and cached[0] <= now < cached[1]:
-            return cached[2]
-        hour = time.strftime("%Y%m%d-%H", time.localtime(now))
-        path = os.path.join(self.directory, f"{hour}.log")
-        # valid until the next whole minute (DST / time-zone offsets change on minutes)
-        start = now - (now % 60)
-        self._hour_cache = (start, start + 60, path)
-        return path
+        minute = int(now // 60)
+        if minute != self._path_minute:
+            hour = time.strftime("%Y%m%d-%H", time.localtime(now))
+            self._path = os.path.join(self.directory, f"{hour}.log")
+            self._path_minute = minute
+        return self._path

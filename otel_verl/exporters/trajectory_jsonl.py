@@ -2,21 +2,17 @@
 
 Reads the ``TrajectoryData`` the events API attaches to each TRAJECTORY span (turn token
 ids, server timing meta, observations, the worker's tokenizer) and writes the line the
-legacy trajectory browser ingests. The byte contract (key order, every timing rule, the
-template-overhead quirk) is ``LEGACY_FORMATS.md`` §3; the seed's ``trajectory_store.py``
-and ``trajectory_types.py`` decide where the prose is unclear.
+legacy trajectory browser ingests. The format (key order, every timing rule, the
+template-overhead quirk) is section 3 of ``docs/LEGACY_FORMATS.md``.
 
-``on_end`` runs on the agent loop's event loop, so it only queues a reference to the
-finished ``TrajectoryData``: decoding, re-encoding observations, ``json.dumps``, choosing
-the file and writing all happen on the :class:`BackgroundWriter` thread.
+``on_end`` runs on the agent loop's event loop, so it only queues the finished
+``TrajectoryData``: decoding, re-encoding observations, ``json.dumps``, choosing the file
+and writing happen on the writer thread.
 
 Not written, like the seed: validation trajectories (``verl.validate``) and trajectories
-whose run raised (the seed dumped only after a successful run and postprocess).
-
-Without a tokenizer (``TrajectoryData.decode`` / ``encode`` is ``None``) the texts
-(``completion_text``, ``initial_prompt_text``, ``template_overhead_text``) are null, and
-``template_overhead_tokens`` is computed with 0 observation tokens (so for tool turns it
-then includes the observation's tokens).
+whose run raised. Without a tokenizer (``TrajectoryData.decode`` / ``encode`` is
+``None``) the texts are null, and ``template_overhead_tokens`` counts 0 observation
+tokens (for tool turns it then includes the observation's tokens).
 """
 
 from __future__ import annotations
@@ -28,11 +24,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, output_pid
-from otel_verl.exporters.sample_csv import write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Kind
@@ -62,28 +56,22 @@ class TrajectoryJsonlProcessor(SpanProcessor):
         self.writer = BackgroundWriter(_OUTPUT, max_pending_lines)
         self._files = _TrajectoryFiles(self.directory, max_file_bytes, discovery_path, clock)
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        pass
-
     def on_end(self, span: ReadableSpan) -> None:
         try:
             payload = payload_of(span)
-            if payload is None or payload.kind is not Kind.TRAJECTORY:
+            if payload is None or payload.kind is not Kind.TRAJECTORY or not isinstance(payload.data, TrajectoryData):
                 return
-            if not isinstance(payload.data, TrajectoryData) or span.attributes.get(sc.VALIDATE):
+            if span.attributes.get(sc.VALIDATE) or not span.status.is_ok:
                 return
-            if span.status.status_code is StatusCode.ERROR:
-                return
-            # The data is complete once its span ended; nothing mutates it afterwards.
+            # The data is complete once its span ended; nothing changes it afterwards.
             self.writer.submit(functools.partial(self._render, payload.data), 1)
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
-    def _render(self, data: TrajectoryData) -> List[Tuple[str, str]]:
-        # writer thread: format, then pick the file (rotation needs the line's size)
+    def _render(self, data: TrajectoryData) -> Tuple[str, str]:
+        # on the writer thread; the file is picked last: rotation needs the line's size
         text = trajectory_line(data) + "\n"
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
-        return [(self._files.path_for(size), text)]
+        return self._files.path_for(len(text.encode("utf-8"))), text
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
@@ -109,7 +97,6 @@ class _TrajectoryFiles:
         self.size = 0
         self._pid = 0
         self._last_ms = -1
-        self._announced = False
 
     def path_for(self, n_bytes: int) -> str:
         pid = output_pid()
@@ -119,23 +106,18 @@ class _TrajectoryFiles:
         return self.path  # type: ignore[return-value]
 
     def _start_file(self, pid: int) -> None:
-        if not self._announced:
-            self._announce()
-        # Millisecond names: two files started within one millisecond would share a name,
-        # so a new name is always at least 1 ms after the previous one.
+        if self.path is None:
+            # Announced with the first file, not at start: every traced process has this
+            # processor, but only rollout workers (where the seed's store lived) write.
+            write_discovery_file(self.discovery_path, self.directory)
+        # Two files started within one millisecond would share a name: a new name is
+        # always at least 1 ms after the previous one.
         ms = max(int(self.clock() * 1000), self._last_ms + 1)
         self._last_ms = ms
         stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(ms // 1000))
         self.path = os.path.join(self.directory, f"trajectory_{pid}_{stamp}_{ms % 1000:03d}.jsonl")
         self.size = 0
         self._pid = pid
-
-    def _announce(self) -> None:
-        # The discovery file is written when this process starts its first trajectory
-        # file: every traced process has this processor, but only rollout workers (where
-        # the seed's store lived) ever write a trajectory.
-        self._announced = True
-        write_discovery_file(self.discovery_path, self.directory)
 
 
 # --------------------------------------------------------------------------- the line
@@ -144,8 +126,8 @@ _Decode = Optional[Callable[..., str]]
 _Encode = Optional[Callable[..., List[int]]]
 
 
-def _first_prompt(turn: Any) -> Any:
-    count = getattr(turn, "prompt_token_count", None)
+def _first_prompt(turn: TurnData) -> Sequence[int]:
+    count = turn.prompt_token_count
     return turn.prompt_ids[:count] if count is not None else turn.prompt_ids
 
 
@@ -168,9 +150,9 @@ def trajectory_line(data: TrajectoryData) -> str:
         "initial_prompt_text": initial_prompt_text,
         "agent_metrics": dict(data.agent_metrics) if data.agent_metrics is not None else None,
     }
-    return _OUTER.encode(
-        {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid), "raw_message": _INNER.encode(rest)}
-    )
+    outer = {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid),
+             "raw_message": json.dumps(rest, ensure_ascii=False, default=_jsonable)}
+    return json.dumps(outer, ensure_ascii=False)
 
 
 def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> List[Dict[str, Any]]:
@@ -284,9 +266,3 @@ def _jsonable(value: Any) -> Any:
     if callable(to_list):
         return to_list()
     return str(value)
-
-
-# json.dumps(obj, ensure_ascii=False[, default=...]) builds a new encoder for every call
-# (only the all-defaults call shares one); these are those encoders, made once.
-_INNER = json.JSONEncoder(ensure_ascii=False, default=_jsonable)
-_OUTER = json.JSONEncoder(ensure_ascii=False)
