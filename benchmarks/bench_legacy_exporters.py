@@ -43,7 +43,7 @@ from otel_verl.exporters.progress_log import ProgressLogProcessor  # noqa: E402
 from otel_verl.exporters.sample_csv import SampleCsvProcessor  # noqa: E402
 from otel_verl.payload import payload_of  # noqa: E402
 from otel_verl.sampling import UidIdGenerator, record_dropped_samples  # noqa: E402
-from otel_verl.semconv import Kind, Stage  # noqa: E402
+from otel_verl.semconv import Subject, Stage  # noqa: E402
 
 BATCH_STAGES = (Stage.REWARD, Stage.OLD_LOG_PROB, Stage.REF_LOG_PROB, Stage.ADVANTAGE, Stage.UPDATE_ACTOR)
 CSV_STAGE_NAMES = {
@@ -77,7 +77,7 @@ class SeedLikeFlowWriter(SpanProcessor):
 
     def on_end(self, span: Any) -> None:
         payload = payload_of(span)
-        if payload is None or payload.kind is not Kind.SAMPLE_STAGE:
+        if payload is None or payload.subject is not Subject.SAMPLE_STAGE:
             return
         stage, source, target, detail = CSV_STAGE_NAMES[span.attributes[sc.STAGE]]
         self.trace_flow(span.attributes[sc.UID], payload.data, source, target, stage, detail,

@@ -181,17 +181,17 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     from otel_verl.offload.wire import HostConfig
 
     config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
-    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_kinds=output_start_kinds())
+    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects())
 
 
-def output_start_kinds() -> FrozenSet[Any]:
-    """The span kinds whose start an output of :func:`output_processors` reads (OTLP reads
+def output_start_subjects() -> FrozenSet[Any]:
+    """The payload subjects whose start an output of :func:`output_processors` reads (OTLP reads
     ends only): the export process gets no other span's start."""
     from otel_verl.exporters.progress_log import ProgressLogProcessor
     from otel_verl.exporters.sample_csv import SampleCsvProcessor
     from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
 
-    return frozenset().union(*(output.on_start_kinds for output in
+    return frozenset().union(*(output.on_start_subjects for output in
                                (ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor)))
 
 

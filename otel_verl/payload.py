@@ -3,8 +3,8 @@
 Legacy outputs need more than a span's attributes: the traj_uids of a batch stage, the
 texts and token ids of a trajectory's turns. Putting those on OTLP spans would be costly
 (16k ids per stage) and, for message content, a privacy leak (GenAI content capture is
-opt-in). The events API starts each span with a :class:`Payload` (what kind of span it
-is, and its data); span processors in the same process read it with :func:`payload_of`;
+opt-in). The events API starts each span with a :class:`Payload` (what the span stands
+for, and its data); span processors in the same process read it with :func:`payload_of`;
 OTLP exporters never see it.
 
 A span's payload is readable from the start of its ``on_start`` to the end of its
@@ -24,15 +24,15 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from opentelemetry.trace import Span, Tracer
 
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
 
 
 class Payload(NamedTuple):
-    """What kind of span it is, and the data the legacy outputs read of it."""
+    """What a span stands for, and the data the legacy outputs read of it."""
 
-    kind: Kind
+    subject: Subject
     data: Any = None
 
 

@@ -139,14 +139,14 @@ class IsolatingSpanProcessor(SpanProcessor):
     ``span_processor.{Class}.{method}`` and never reaches the span's caller or the
     processors after it (the SDK's multi-processors call them without catching).
 
-    A processor may say which spans it reads (``on_start_kinds`` / ``on_end_kinds``: the
-    :class:`~otel_verl.semconv.Kind` of the span's payload, ``None`` for every span); it is
+    A processor may say which spans it reads (``on_start_subjects`` / ``on_end_subjects``: the
+    :class:`~otel_verl.semconv.Subject` of the span's payload, ``None`` for every span); it is
     not called for the others. A rollout worker's LLM, tool and reward spans then reach
     only the processors that write something for them."""
 
     def __init__(self) -> None:
         self.processors: Tuple[SpanProcessor, ...] = ()
-        self._starts: Dict[Any, Tuple[SpanProcessor, ...]] = {}  # payload kind -> who reads its starts
+        self._starts: Dict[Any, Tuple[SpanProcessor, ...]] = {}  # payload subject -> who reads its starts
         self._ends: Dict[Any, Tuple[SpanProcessor, ...]] = {}
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
@@ -155,10 +155,10 @@ class IsolatingSpanProcessor(SpanProcessor):
         self._ends.clear()
 
     def on_start(self, span, parent_context=None) -> None:
-        kind = _payload_kind(span)
-        readers = self._starts.get(kind)
+        subject = _subject_of(span)
+        readers = self._starts.get(subject)
         if readers is None:
-            readers = self._starts[kind] = _readers(self.processors, "on_start_kinds", kind)
+            readers = self._starts[subject] = _readers(self.processors, "on_start_subjects", subject)
         for sp in readers:
             try:
                 sp.on_start(span, parent_context=parent_context)
@@ -166,10 +166,10 @@ class IsolatingSpanProcessor(SpanProcessor):
                 _processor_failed(sp, "on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
-        kind = _payload_kind(span)
-        readers = self._ends.get(kind)
+        subject = _subject_of(span)
+        readers = self._ends.get(subject)
         if readers is None:
-            readers = self._ends[kind] = _readers(self.processors, "on_end_kinds", kind)
+            readers = self._ends[subject] = _readers(self.processors, "on_end_subjects", subject)
         for sp in readers:
             try:
                 sp.on_end(span)
@@ -199,14 +199,14 @@ class IsolatingSpanProcessor(SpanProcessor):
         return flushed
 
 
-def _readers(processors: Tuple[SpanProcessor, ...], attribute: str, kind: Any) -> Tuple[SpanProcessor, ...]:
-    """The processors that read spans of ``kind`` (``None``: spans without a payload)."""
-    return tuple(sp for sp in processors if getattr(sp, attribute, None) is None or kind in getattr(sp, attribute))
+def _readers(processors: Tuple[SpanProcessor, ...], attribute: str, subject: Any) -> Tuple[SpanProcessor, ...]:
+    """The processors that read spans of ``subject`` (``None``: spans without a payload)."""
+    return tuple(sp for sp in processors if getattr(sp, attribute, None) is None or subject in getattr(sp, attribute))
 
 
-def _payload_kind(span: Any) -> Any:
+def _subject_of(span: Any) -> Any:
     found = payload_of(span)
-    return found.kind if found is not None else None
+    return found.subject if found is not None else None
 
 
 def _processor_failed(processor: Any, method: str, exc: BaseException) -> None:

@@ -99,8 +99,8 @@ OP_INVOKE_AGENT = "invoke_agent"
 OP_EXECUTE_TOOL = "execute_tool"
 
 
-class Kind(enum.Enum):
-    """What a span stands for in the model. Kept off the wire (see ``otel_verl.record``):
+class Subject(enum.Enum):
+    """What a span stands for in the model, in its payload (``otel_verl.payload``):
     processors dispatch on it instead of parsing span names."""
 
     FIT = "fit"  # trainer: instant span at the start of fit, carries the run shape
@@ -115,10 +115,6 @@ class Kind(enum.Enum):
     LLM_SERVER = "llm_server"  # server actor: the server side of one generate call
     TOOL = "tool"  # worker: one tool execution (execute_tool)
     REWARD = "reward"  # worker: reward computation of one trajectory
-
-    # Members compare by identity; Enum's own __hash__ (hash of the name) is Python code,
-    # and processors look kinds up for every span start and end.
-    __hash__ = object.__hash__
 
 
 # --------------------------------------------------------------------------- span names

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from otel_verl import events, payload, semconv as sc
 from otel_verl.ids import trace_id_for_uid
 from otel_verl.payload import TrajectoryData, TurnData
-from otel_verl.semconv import Kind, Stage
+from otel_verl.semconv import Subject, Stage
 
 
 class PayloadSeen(SpanProcessor):
@@ -91,12 +91,12 @@ def test_a_trajectory_is_one_subtree_of_the_uid_trace(seen):
 def test_processors_read_each_spans_payload_at_start_and_end(seen):
     processor, pipeline = seen
     traj = _one_trajectory()
-    kinds = {(when, name): found.kind for when, name, found in processor.seen}
+    kinds = {(when, name): found.subject for when, name, found in processor.seen}
     agent, chat = sc.agent_span_name("tool_agent"), sc.llm_span_name(sc.OP_CHAT, "qwen")
-    assert kinds[("start", agent)] is Kind.TRAJECTORY and kinds[("end", agent)] is Kind.TRAJECTORY
-    assert kinds[("start", chat)] is Kind.LLM_CALL and kinds[("end", chat)] is Kind.LLM_CALL
-    assert kinds[("end", sc.tool_span_name("calculator"))] is Kind.TOOL
-    assert kinds[("end", sc.SPAN_REWARD)] is Kind.REWARD
+    assert kinds[("start", agent)] is Subject.TRAJECTORY and kinds[("end", agent)] is Subject.TRAJECTORY
+    assert kinds[("start", chat)] is Subject.LLM_CALL and kinds[("end", chat)] is Subject.LLM_CALL
+    assert kinds[("end", sc.tool_span_name("calculator"))] is Subject.TOOL
+    assert kinds[("end", sc.SPAN_REWARD)] is Subject.REWARD
     ends = {name: found.data for when, name, found in processor.seen if when == "end"}
     assert ends[agent] is traj and isinstance(ends[chat], TurnData)
     assert payload.open_count() == pipeline.open_before  # nothing kept once the spans ended

@@ -233,12 +233,12 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     from otel_verl.offload import wire
     from otel_verl.offload.host import Host
     from otel_verl.payload import Payload, UnsentTokens, payload_of
-    from otel_verl.semconv import Kind
+    from otel_verl.semconv import Subject
 
     data, wholes = _multi_turn(prompt_shapes)
     span = ReadableSpan("invoke_agent tool_agent", context=SpanContext(1, 2, False), start_time=1, end_time=9)
     codecs = []
-    sent = wire.frame(wire.snapshot(span, Payload(Kind.TRAJECTORY, data), lambda *codec: codecs.append(codec) or 0))
+    sent = wire.frame(wire.snapshot(span, Payload(Subject.TRAJECTORY, data), lambda *codec: codecs.append(codec) or 0))
     rebuilt = []
 
     class Reader(SpanProcessor):
@@ -303,20 +303,20 @@ def test_spans_of_any_tracer_reach_the_export_process_whole(tmp_path):
 
 def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp_path, monkeypatch):
     """Starts go to the export process for the kinds an output writes rows for at a start
-    (bootstrap.output_start_kinds); a tool or reward span goes once, whole, at its end,
+    (bootstrap.output_start_subjects); a tool or reward span goes once, whole, at its end,
     and the outputs are still the ones the process writes itself."""
     from otel_verl.exporters.progress_log import ProgressLogProcessor
     from otel_verl.exporters.sample_csv import SampleCsvProcessor
-    from otel_verl.semconv import Kind
+    from otel_verl.semconv import Subject
 
-    kinds = bootstrap.output_start_kinds()
-    assert kinds == ProgressLogProcessor.on_start_kinds | SampleCsvProcessor.on_start_kinds
-    assert Kind.TRAJECTORY in kinds and Kind.LLM_CALL in kinds
-    assert Kind.TOOL not in kinds and Kind.REWARD not in kinds
+    kinds = bootstrap.output_start_subjects()
+    assert kinds == ProgressLogProcessor.on_start_subjects | SampleCsvProcessor.on_start_subjects
+    assert Subject.TRAJECTORY in kinds and Subject.LLM_CALL in kinds
+    assert Subject.TOOL not in kinds and Subject.REWARD not in kinds
     from otel_verl.offload import wire
 
     p = pipelines()
-    assert p.offload.start_kinds == kinds
+    assert p.offload.start_subjects == kinds
     sent = []
     snapshot = wire.snapshot
 

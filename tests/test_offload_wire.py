@@ -19,7 +19,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 from otel_verl import health, payload
 from otel_verl.offload import wire
 from otel_verl.payload import Payload, PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 RESOURCE = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
 CONFIG = wire.HostConfig(settings=None, resource_attributes=dict(RESOURCE.attributes),
@@ -104,14 +104,14 @@ def test_a_snapshot_is_plain_named_fields():
     capture = Capture()
     with _tracer(capture).start_as_current_span("s", attributes={"k": "v"}):
         pass
-    sent = wire.snapshot(capture.ends[0][0], Payload(Kind.TOOL, ["t0", "t1"]), None)
+    sent = wire.snapshot(capture.ends[0][0], Payload(Subject.TOOL, ["t0", "t1"]), None)
     assert sent._fields == wire.SpanSnapshot._fields
     assert (sent.name, sent.attributes, sent.kind, sent.status_code) == ("s", {"k": "v"}, SpanKind.INTERNAL,
                                                                          StatusCode.UNSET)
     assert sent.context == wire.ContextSnapshot(*sent.context) and sent.context.trace_state == ()
     assert sent.scope == wire.ScopeSnapshot("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0",
                                             (("scope.attr", "yes"),))
-    assert sent.payload == Payload(Kind.TOOL, ["t0", "t1"])  # other data goes as it is
+    assert sent.payload == Payload(Subject.TOOL, ["t0", "t1"])  # other data goes as it is
 
 
 def _trajectory() -> TrajectoryData:
@@ -147,21 +147,21 @@ def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
     capture, codecs = Capture(), []
     tracer = _tracer(capture)
     data = _trajectory()
-    span = payload.start_span(tracer, "invoke_agent tool_agent", Payload(Kind.TRAJECTORY, data))
-    turn = payload.start_span(tracer, "chat m", Payload(Kind.LLM_CALL, data.turns[0]))
+    span = payload.start_span(tracer, "invoke_agent tool_agent", Payload(Subject.TRAJECTORY, data))
+    turn = payload.start_span(tracer, "chat m", Payload(Subject.LLM_CALL, data.turns[0]))
     payload.end_span(turn)
     payload.end_span(span)
     codec_id = lambda decode, encode: codecs.append((decode, encode)) or 7  # noqa: E731
 
     [(started, started_payload, attributes), (turn_started, turn_payload, _)] = capture.starts
     at_start = _crossed(wire.snapshot(started, started_payload, codec_id, attributes))
-    assert at_start.codec is None and at_start.payload.kind is Kind.TRAJECTORY
+    assert at_start.codec is None and at_start.payload.subject is Subject.TRAJECTORY
     assert at_start.payload.data.turns == [] and at_start.payload.data.agent_metrics == {}
     assert (at_start.payload.data.uid, at_start.payload.data.traj_uid, at_start.payload.data.agent_name) == (
         "u", "0", "tool_agent")
     # a turn's data goes with its trajectory only
-    assert _crossed(wire.snapshot(turn_started, turn_payload, codec_id, {})).payload == Payload(Kind.LLM_CALL)
-    assert _crossed(wire.snapshot(*capture.ends[0], codec_id)).payload == Payload(Kind.LLM_CALL)
+    assert _crossed(wire.snapshot(turn_started, turn_payload, codec_id, {})).payload == Payload(Subject.LLM_CALL)
+    assert _crossed(wire.snapshot(*capture.ends[0], codec_id)).payload == Payload(Subject.LLM_CALL)
     assert codecs == []
 
     at_end = _crossed(wire.snapshot(*capture.ends[1], codec_id))
@@ -178,7 +178,7 @@ def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
 
 def test_token_ids_cross_as_one_copy():
     ids = kept_ids(range(100_000))
-    assert len(wire.frame(Payload(Kind.LLM_CALL, ids))) < 4 * len(ids) + 200
+    assert len(wire.frame(Payload(Subject.LLM_CALL, ids))) < 4 * len(ids) + 200
 
 
 def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
@@ -196,7 +196,7 @@ def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
     capture = Capture()
     tracer = _tracer(capture)
     open_before = payload.open_count()
-    rollout = payload.start_span(tracer, "rollout", Payload(Kind.ROLLOUT, ["t0"]))
+    rollout = payload.start_span(tracer, "rollout", Payload(Subject.ROLLOUT, ["t0"]))
     with tracer.start_as_current_span("plain"):  # another tracer's span: no payload
         pass
     payload.end_span(rollout)
@@ -206,8 +206,8 @@ def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
     assert payload.open_count() == open_before + 1  # until its end
     for ended, ended_payload in capture.ends:
         host.export(wire.snapshot(ended, ended_payload, None))
-    assert seen == [("start", "rollout", Payload(Kind.ROLLOUT, ["t0"])), ("end", "plain", None),
-                    ("end", "rollout", Payload(Kind.ROLLOUT, ["t0"]))]
+    assert seen == [("start", "rollout", Payload(Subject.ROLLOUT, ["t0"])), ("end", "plain", None),
+                    ("end", "rollout", Payload(Subject.ROLLOUT, ["t0"]))]
     assert payload.open_count() == open_before
     host.processor.shutdown()
 

@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from otel_verl import health, payload, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
 from otel_verl.payload import Payload
-from otel_verl.semconv import Kind, Outcome
+from otel_verl.semconv import Subject, Outcome
 
 # --------------------------------------------------------------------------- runtime
 
@@ -207,7 +207,7 @@ def _with_validate(attrs: Dict[str, Any], validate: Optional[bool]) -> Dict[str,
 
 def _start(
     name: str,
-    kind_v: Kind,
+    subject: Subject,
     context: Optional[otel_context.Context],
     attributes: Mapping[str, Any],
     *,
@@ -215,13 +215,13 @@ def _start(
     data: Any = None,
     **more: Any,
 ) -> Any:
-    """Start a span carrying ``Payload(kind_v, data)``, or return ``None`` (counted) when
+    """Start a span carrying ``Payload(subject, data)``, or return ``None`` (counted) when
     tracing is off or fails."""
     rt = _runtime
     if rt is None:
         return None
     try:
-        return payload.start_span(rt.tracer, name, Payload(kind_v, data), context=context, kind=kind,
+        return payload.start_span(rt.tracer, name, Payload(subject, data), context=context, kind=kind,
                                   attributes=attributes, **more)
     except Exception as exc:
         health.record_failure("events.start_span", exc)

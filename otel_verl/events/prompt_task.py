@@ -24,7 +24,7 @@ from otel_verl import carriers, health, semconv as sc
 from otel_verl.events import _core
 from otel_verl.ids import id_str
 from otel_verl.payload import Payload, end_span, start_span
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 _lock = threading.Lock()
 _open: "OrderedDict[str, Any]" = OrderedDict()  # uid -> open prompt-task span
@@ -52,7 +52,7 @@ def prompt_task_started(
     attrs = {sc.UID: uid_s, sc.GLOBAL_STEP: int(step), sc.GEN_AI_AGENT_NAME: agent_name}
     if worker_index is not None:
         attrs[sc.WORKER_INDEX] = int(worker_index)
-    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Payload(Kind.PROMPT_TASK), context=parent_ctx, attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Payload(Subject.PROMPT_TASK), context=parent_ctx, attributes=attrs)
     limit = max(1, rt.settings.max_open_samples)
     evicted = []
     with _lock:

@@ -8,7 +8,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 from otel_verl.events import _core
 from otel_verl.events._core import SpanScope, _is_number, _start, _text
 
@@ -47,7 +47,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         return ServerCall(None, headers)
     span = _start(
         sc.SPAN_LLM_SERVER,
-        Kind.LLM_SERVER,
+        Subject.LLM_SERVER,
         parent,
         {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
         kind=SpanKind.SERVER,

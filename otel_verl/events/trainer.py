@@ -15,7 +15,7 @@ from opentelemetry.trace import Link
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_list, root_span_id_for_uid, trace_id_for_uid
 from otel_verl.payload import Payload, RolloutData, end_span, start_span
-from otel_verl.semconv import Kind, Outcome, Stage
+from otel_verl.semconv import Subject, Outcome, Stage
 from otel_verl.events import _core
 from otel_verl.events._core import (
     _Runtime,
@@ -89,7 +89,7 @@ def fit_started(
         sc.PPO_MINI_BATCH_SIZE: int(ppo_mini_batch_size),
         sc.NUM_MINIBATCHES: int(num_minibatches),
     }
-    span = start_span(rt.tracer, sc.SPAN_FIT, Payload(Kind.FIT), context=otel_context.Context(), attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_FIT, Payload(Subject.FIT), context=otel_context.Context(), attributes=attrs)
     end_span(span, end_time=span.start_time + 1000)  # 1 µs: backends flag zero-duration spans
 
 
@@ -126,7 +126,7 @@ def step_begin(
         attrs[sc.EPOCH] = int(epoch)
     if consumed_batches is not None:
         attrs[sc.CONSUMED_BATCHES] = int(consumed_batches)
-    span = start_span(rt.tracer, sc.SPAN_STEP, Payload(Kind.STEP), context=otel_context.Context(), attributes=attrs)
+    span = start_span(rt.tracer, sc.SPAN_STEP, Payload(Subject.STEP), context=otel_context.Context(), attributes=attrs)
     with _open.lock:
         _open.step, _open.step_number = span, int(global_step)
 
@@ -210,7 +210,7 @@ def stage_begin(
         step_span = _open.step
         in_step = step_span is not None and (global_step is None or global_step == _open.step_number)
         parent = trace.set_span_in_context(step_span) if in_step else otel_context.Context()
-        span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Payload(Kind.STEP_STAGE), context=parent,
+        span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Payload(Subject.STEP_STAGE), context=parent,
                           attributes=attrs)
         with _open.lock:
             _open.stages.append(span)
@@ -259,7 +259,7 @@ def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bo
         span = start_span(
             rt.tracer,
             sc.SPAN_SAMPLE,
-            Payload(Kind.SAMPLE),
+            Payload(Subject.SAMPLE),
             context=empty,
             attributes=_with_validate({sc.UID: uid, sc.GLOBAL_STEP: int(step), sc.TRAINER: trainer}, validate),
         )
@@ -347,7 +347,7 @@ def rollout_dispatched(
         span = start_span(
             rt.tracer,
             sc.SPAN_ROLLOUT,
-            Payload(Kind.ROLLOUT, data),
+            Payload(Subject.ROLLOUT, data),
             context=_sample_parent(rt, uid),
             attributes=_with_validate(
                 {
@@ -421,6 +421,6 @@ def sample_stage_done(
             {sc.UID: uid, sc.TRAJ_UIDS: tuple(trajs), sc.STAGE: stage_value, sc.GLOBAL_STEP: step, sc.TRAINER: trainer},
             validate,
         )
-        span = start_span(rt.tracer, name, Payload(Kind.SAMPLE_STAGE, trajs), context=_sample_parent(rt, uid),
+        span = start_span(rt.tracer, name, Payload(Subject.SAMPLE_STAGE, trajs), context=_sample_parent(rt, uid),
                           links=links, start_time=start_ns, attributes=attrs)
         end_span(span, end_time=end_ns)

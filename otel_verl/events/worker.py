@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_str
 from otel_verl.payload import TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 from otel_verl.events import _core
 from otel_verl.events._core import (
     _text,
@@ -83,7 +83,7 @@ def trajectory(
             attrs[sc.WORKER_INDEX] = int(worker_index)
         if validate:
             attrs[sc.VALIDATE] = True
-        span = _start(sc.agent_span_name(agent_name), Kind.TRAJECTORY, parent_ctx, attrs, data=data)
+        span = _start(sc.agent_span_name(agent_name), Subject.TRAJECTORY, parent_ctx, attrs, data=data)
         if span is None:  # (counted)
             return _UNTRACED
         return _TrajectoryScope(span, data, worker_index, sample_attributes)
@@ -310,7 +310,7 @@ def llm_call(
     except Exception as exc:  # malformed arguments: the call runs untraced
         health.record_failure("events.llm_call", exc)
         return _UNTRACED_TURN
-    span = _start(sc.llm_span_name(operation, model), Kind.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
+    span = _start(sc.llm_span_name(operation, model), Subject.LLM_CALL, None, attrs, kind=SpanKind.CLIENT, data=data)
     if span is None:
         return _UNTRACED_TURN
     turns.append(data)
@@ -364,7 +364,7 @@ def tool_call(
     except Exception as exc:
         health.record_failure("events.tool_call", exc)
         return _UNTRACED
-    return SpanScope(_start(sc.tool_span_name(name), Kind.TOOL, None, attrs))
+    return SpanScope(_start(sc.tool_span_name(name), Subject.TOOL, None, attrs))
 
 
 class RewardHandle(SpanScope):
@@ -404,7 +404,7 @@ def reward() -> ContextManager[RewardHandle]:
     if traj is None:
         return _NO_REWARD
     # (no payload data: the reward's rows and score go with the trajectory's end)
-    return RewardHandle(_start(sc.SPAN_REWARD, Kind.REWARD, None, dict(traj.sample_attributes)), traj)
+    return RewardHandle(_start(sc.SPAN_REWARD, Subject.REWARD, None, dict(traj.sample_attributes)), traj)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:

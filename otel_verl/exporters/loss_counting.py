@@ -68,7 +68,7 @@ class LossCountingProcessor(SpanProcessor):
     to ``exporter``, with every lost span counted under ``output``. Shutdown waits at most
     ``shutdown_timeout_s`` for the batch processor."""
 
-    on_start_kinds: frozenset = frozenset()  # a batch processor reads ended spans only
+    on_start_subjects: frozenset = frozenset()  # a batch processor reads ended spans only
 
     def __init__(self, exporter: SpanExporter, output: str, *,
                  shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **batch_options: Any) -> None:

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, write_discovery_file
 from otel_verl.payload import payload_of
-from otel_verl.semconv import Kind, Layout, Stage
+from otel_verl.semconv import Subject, Layout, Stage
 
 DISCOVERY_PATH = "/tmp/verl_progress_path.txt"  # node-local: names the progress/ dir
 V1_TRAINER = "PPOTrainerV1"
@@ -131,8 +131,8 @@ def task_completed_line(span: Any, data: Any) -> str:
 class ProgressLogProcessor(SpanProcessor):
     """Prints the progress lines of this process's spans; files them under a trace dir."""
 
-    on_start_kinds = frozenset({Kind.FIT, Kind.STEP, Kind.STEP_STAGE})  # the spans it reads
-    on_end_kinds = frozenset({Kind.STEP, Kind.STEP_STAGE, Kind.TRAJECTORY})
+    on_start_subjects = frozenset({Subject.FIT, Subject.STEP, Subject.STEP_STAGE})  # the spans it reads
+    on_end_subjects = frozenset({Subject.STEP, Subject.STEP_STAGE, Subject.TRAJECTORY})
 
     def __init__(
         self,
@@ -158,12 +158,12 @@ class ProgressLogProcessor(SpanProcessor):
             payload = payload_of(span)
             if payload is None:
                 return
-            if payload.kind is Kind.FIT:
+            if payload.subject is Subject.FIT:
                 self._emit(fit_lines(span.attributes))
-            elif payload.kind is Kind.STEP:
+            elif payload.subject is Subject.STEP:
                 self._step_trainers[span.context.span_id] = str(span.attributes.get(sc.TRAINER, ""))
                 self._emit([step_banner(span.attributes)])
-            elif payload.kind is Kind.STEP_STAGE:
+            elif payload.subject is Subject.STEP_STAGE:
                 self._emit(stage_start_lines(self._step_stage(span)))
         except Exception as exc:
             health.record_failure("progress_log.on_start", exc)
@@ -173,15 +173,15 @@ class ProgressLogProcessor(SpanProcessor):
             payload = payload_of(span)
             if payload is None:
                 return
-            if payload.kind is Kind.STEP:
+            if payload.subject is Subject.STEP:
                 self._step_trainers.pop(span.context.span_id, None)
             elif not span.status.is_ok:  # the seed wrote "end"/"completed" lines only on success
                 return
-            elif payload.kind is Kind.STEP_STAGE:
+            elif payload.subject is Subject.STEP_STAGE:
                 seconds = (span.end_time - span.start_time) / 1e9
                 response_tokens = span.attributes.get(sc.RESPONSE_TOKENS)
                 self._emit(stage_end_lines(self._step_stage(span), response_tokens, seconds))
-            elif payload.kind is Kind.TRAJECTORY and self.directory is not None:
+            elif payload.subject is Subject.TRAJECTORY and self.directory is not None:
                 if not span.attributes.get(sc.VALIDATE):
                     self._emit([task_completed_line(span, payload.data)])
         except Exception as exc:

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
 from otel_verl.payload import Payload, payload_of
-from otel_verl.semconv import Kind, Stage
+from otel_verl.semconv import Subject, Stage
 
 DISCOVERY_PATH = "/tmp/verl_trace_sample_path.txt"  # node-local: names the sample/ dir
 JOB_ID_ENV = "DLC_JOB_ID"
@@ -263,19 +263,19 @@ def step_stage_end(span: Any, payload: Payload) -> List[Rows]:
 
 
 RowsOf = Callable[[Any, Payload], List[Rows]]
-ROWS_AT_START: Dict[Kind, RowsOf] = {
-    Kind.SAMPLE: sample_start,
-    Kind.ROLLOUT: rollout_start,
-    Kind.PROMPT_TASK: prompt_task_start,
-    Kind.TRAJECTORY: trajectory_start,
-    Kind.LLM_CALL: llm_start,
+ROWS_AT_START: Dict[Subject, RowsOf] = {
+    Subject.SAMPLE: sample_start,
+    Subject.ROLLOUT: rollout_start,
+    Subject.PROMPT_TASK: prompt_task_start,
+    Subject.TRAJECTORY: trajectory_start,
+    Subject.LLM_CALL: llm_start,
 }
-ROWS_AT_END: Dict[Kind, RowsOf] = {
-    Kind.LLM_CALL: llm_end,
-    Kind.TOOL: tool_end,
-    Kind.TRAJECTORY: trajectory_end,  # also the agent run's (no span) and the REWARD span's rows
-    Kind.SAMPLE_STAGE: sample_stage_end,
-    Kind.STEP_STAGE: step_stage_end,
+ROWS_AT_END: Dict[Subject, RowsOf] = {
+    Subject.LLM_CALL: llm_end,
+    Subject.TOOL: tool_end,
+    Subject.TRAJECTORY: trajectory_end,  # also the agent run's (no span) and the REWARD span's rows
+    Subject.SAMPLE_STAGE: sample_stage_end,
+    Subject.STEP_STAGE: step_stage_end,
 }
 
 
@@ -313,8 +313,8 @@ class SampleCsvProcessor(SpanProcessor):
 
     # The spans it reads (IsolatingSpanProcessor hands it no others): the starts it writes
     # rows for, and every end (the validation scope needs them).
-    on_start_kinds = frozenset(ROWS_AT_START)
-    on_end_kinds = frozenset(Kind)
+    on_start_subjects = frozenset(ROWS_AT_START)
+    on_end_subjects = frozenset(Subject)
 
     def __init__(
         self,
@@ -349,7 +349,7 @@ class SampleCsvProcessor(SpanProcessor):
             payload = payload_of(span)
             if payload is None or self._validation.entered(span):
                 return
-            rows_of = ROWS_AT_START.get(payload.kind)
+            rows_of = ROWS_AT_START.get(payload.subject)
             if rows_of is not None:
                 self._write(rows_of(span, payload))
         except Exception as exc:
@@ -363,9 +363,9 @@ class SampleCsvProcessor(SpanProcessor):
             # The seed wrote an event's "done" row after the work returned: a failed span
             # writes none. A trajectory's rows are its agent run's and its reward's, which
             # had completed even when the trajectory failed afterwards.
-            if not span.status.is_ok and payload.kind is not Kind.TRAJECTORY:
+            if not span.status.is_ok and payload.subject is not Subject.TRAJECTORY:
                 return
-            rows_of = ROWS_AT_END.get(payload.kind)
+            rows_of = ROWS_AT_END.get(payload.subject)
             if rows_of is not None:
                 self._write(rows_of(span, payload))
         except Exception as exc:

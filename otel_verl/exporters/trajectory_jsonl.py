@@ -29,7 +29,7 @@ from otel_verl import health, semconv as sc
 from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
 _OUTPUT = "trajectory_jsonl"
@@ -38,8 +38,8 @@ _OUTPUT = "trajectory_jsonl"
 class TrajectoryJsonlProcessor(SpanProcessor):
     """Writes ``{trace_dir}/trajectory/trajectory_{pid}_{YYYYmmdd_HHMMSS}_{mmm}.jsonl``."""
 
-    on_start_kinds: frozenset = frozenset()  # the spans it reads
-    on_end_kinds = frozenset({Kind.TRAJECTORY})
+    on_start_subjects: frozenset = frozenset()  # the spans it reads
+    on_end_subjects = frozenset({Subject.TRAJECTORY})
 
     def __init__(
         self,
@@ -59,7 +59,7 @@ class TrajectoryJsonlProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         try:
             payload = payload_of(span)
-            if payload is None or payload.kind is not Kind.TRAJECTORY or not isinstance(payload.data, TrajectoryData):
+            if payload is None or payload.subject is not Subject.TRAJECTORY or not isinstance(payload.data, TrajectoryData):
                 return
             if span.attributes.get(sc.VALIDATE) or not span.status.is_ok:
                 return

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from otel_verl import health
 from otel_verl.offload import wire
 from otel_verl.payload import payload_of
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 logger = logging.getLogger("otel_verl")
 
@@ -45,7 +45,7 @@ class OffloadSpanProcessor(SpanProcessor):
     """Runs the given outputs in a child process ("the export process") fed with this
     process's spans; see the module docs.
 
-    ``start_kinds``: the payload kinds whose start an output reads; other spans go once,
+    ``start_subjects``: the payload subjects whose start an output reads; other spans go once,
     when they end (OTLP reads ends only)."""
 
     def __init__(
@@ -56,9 +56,9 @@ class OffloadSpanProcessor(SpanProcessor):
         batch_interval_s: float = 0.05,
         max_batch: int = 512,
         start_timeout_s: float = 60.0,
-        start_kinds: FrozenSet[Kind] = frozenset(Kind),
+        start_subjects: FrozenSet[Subject] = frozenset(Subject),
     ) -> None:
-        self.start_kinds = frozenset(start_kinds)
+        self.start_subjects = frozenset(start_subjects)
         self.config = config
         self.max_pending = max_pending
         self.batch_interval_s = batch_interval_s
@@ -71,7 +71,7 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         payload = payload_of(span)
-        if payload is not None and payload.kind in self.start_kinds:
+        if payload is not None and payload.subject in self.start_subjects:
             self._queue((STARTED, span, payload, wire.copied(span.attributes)))
 
     def on_end(self, span: Any) -> None:

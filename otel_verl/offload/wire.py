@@ -48,7 +48,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_verl.payload import Payload, TrajectoryData, TurnData
-from otel_verl.semconv import Kind
+from otel_verl.semconv import Subject
 
 VERSION = 1  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
@@ -291,17 +291,17 @@ def _sent_data(payload: Optional[Payload], started: bool,
                codec_id: Callable[[Any, Any], int]) -> Tuple[Optional[Payload], Optional[int]]:
     if payload is None:
         return None, None
-    kind, data = payload
-    if isinstance(data, TurnData) or (isinstance(data, TrajectoryData) and kind is not Kind.TRAJECTORY):
-        return Payload(kind), None  # their trajectory's end carries them, complete
+    subject, data = payload
+    if isinstance(data, TurnData) or (isinstance(data, TrajectoryData) and subject is not Subject.TRAJECTORY):
+        return Payload(subject), None  # their trajectory's end carries them, complete
     if not isinstance(data, TrajectoryData):
         return payload, None
     if started:
-        return Payload(kind, dataclasses.replace(data, turns=[], agent_metrics={}, decode=None, encode=None)), None
+        return Payload(subject, dataclasses.replace(data, turns=[], agent_metrics={}, decode=None, encode=None)), None
     codec = codec_id(data.decode, data.encode) if data.decode is not None or data.encode is not None else None
     sent = dataclasses.replace(data, turns=list(data.turns), agent_metrics=dict(data.agent_metrics),
                                decode=None, encode=None)
-    return Payload(kind, sent), codec
+    return Payload(subject, sent), codec
 
 
 def _context(context: SpanContext) -> ContextSnapshot:
