@@ -1,0 +1,76 @@
+"""W3C context inside the data verl passes: headers, contexts, pickling, the carriers'
+places (dict keys, kwargs, request ids)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+from otel_verl import carriers
+
+TRACE_ID, SPAN_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+
+
+def _span(flags: int = TraceFlags.SAMPLED, state: TraceState = None) -> NonRecordingSpan:
+    return NonRecordingSpan(SpanContext(TRACE_ID, SPAN_ID, False, TraceFlags(flags), state))
+
+
+def test_headers_are_the_w3c_traceparent_and_tracestate():
+    headers = carriers.headers_of(_span(state=TraceState([("vendor", "x")])))
+    assert headers == {"traceparent": f"00-{TRACE_ID:032x}-{SPAN_ID:016x}-01", "tracestate": "vendor=x"}
+    assert carriers.headers_of(trace.INVALID_SPAN) == {}
+
+
+def test_every_carrier_form_gives_the_same_remote_parent():
+    headers = carriers.headers_of(_span())
+    forms = [carriers.TraceCarrier(headers), headers, headers["traceparent"]]
+    for form in forms:
+        parent = trace.get_current_span(carriers.context_from(form)).get_span_context()
+        assert (parent.trace_id, parent.span_id, parent.is_remote, parent.trace_flags.sampled) == (
+            TRACE_ID, SPAN_ID, True, True)
+    assert carriers.context_from({"traceparent": "garbage"}) is None
+    assert carriers.context_from(42) is None
+
+
+def test_a_carrier_pickles_with_its_row_and_is_kept_for_its_uid_where_it_arrives():
+    carrier = carriers.TraceCarrier.from_span(_span()).with_row({"uid": "u-7", "traj_uid": "3"})
+    back = pickle.loads(pickle.dumps(carrier))
+    assert back == carrier and back.row == {"uid": "u-7", "traj_uid": "3"}
+    assert carriers.take_arrived("u-7") == carrier
+    assert carriers.take_arrived("u-7") is None  # taken once
+
+
+def test_unpickling_a_carrier_imports_no_configurator():
+    # a carrier pickled by a process that only instruments (no otel_verl.activation)
+    data = pickle.dumps(carriers.TraceCarrier(carriers.headers_of(_span())))
+    code = textwrap.dedent(f"""
+        import pickle, sys
+        carrier = pickle.loads({data!r})
+        assert carrier.headers["traceparent"].startswith("00-")
+        print(sorted(m for m in sys.modules if m in ("otel_verl.activation", "otel_verl.bootstrap")))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_dict_and_kwargs_carriers_are_removed_before_verl_sees_the_data():
+    carrier = carriers.TraceCarrier(carriers.headers_of(_span()))
+    original = {"temperature": 1.0}
+    with_carrier = carriers.inject_dict(original, carrier)
+    assert original == {"temperature": 1.0}  # never modified: callers reuse it
+    assert carriers.pop_dict(with_carrier) is carrier and with_carrier == original
+    kwargs = {carriers.COLUMN: carrier, "raw_prompt": "hi"}
+    assert carriers.pop_kwargs(kwargs) is carrier and kwargs == {"raw_prompt": "hi"}
+
+
+def test_a_request_id_carries_the_turn_and_gives_it_back():
+    headers = carriers.headers_of(_span())
+    tagged = carriers.tag_request_id("req-1", headers)
+    assert tagged != "req-1" and carriers.tag_request_id(tagged, headers) == tagged  # tagged once
+    assert carriers.untag_request_id(tagged) == ("req-1", {"traceparent": headers["traceparent"]})
+    assert carriers.untag_request_id("req-2") == ("req-2", None)
