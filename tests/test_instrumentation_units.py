@@ -211,3 +211,32 @@ def test_only_numeric_server_meta_becomes_server_span_attributes(make_pipeline):
             for name, attrs in by_name.items()}
     assert kept["verl.llm_server.generate"] == {"e2e_latency": 0.5, "queue_time": 0.25, "cached_tokens": 3}  # no bool, str or np.int64
     assert kept["chat m"] == {}  # on the server's span only (the turn keeps them for the JSONL)
+
+
+def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path):
+    """The export process decodes and encodes with what ``text_decoder`` / ``text_encoder``
+    send it: the tokenizer's own results, loaded without importing transformers."""
+    import pickle
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path / "model")))
+    text = "hello <tool_call>world</tool_call> 12 + 30 = 42 <|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decode, encode = text_decoder(tokenizer), text_encoder(tokenizer)
+    assert decode is text_decoder(tokenizer) and encode is text_encoder(tokenizer)  # sent once per tokenizer
+    for given in (ids, np.array(ids), torch.tensor(ids)):
+        assert decode(given, skip_special_tokens=True) == tokenizer.decode(given, skip_special_tokens=True)
+    assert encode(text, add_special_tokens=False) == ids
+    (tmp_path / "codec").write_bytes(pickle.dumps((decode, encode)))
+    code = ("import pickle, sys; decode, encode = pickle.load(open(sys.argv[1], 'rb'));"
+            "print(repr(decode(eval(sys.argv[2]))), encode(sys.argv[3], add_special_tokens=False),"
+            " 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "codec"), repr(ids), text],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == f"{tokenizer.decode(ids)!r} {ids} False"
