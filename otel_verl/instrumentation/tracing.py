@@ -17,8 +17,7 @@ from typing import Any, Callable, Optional
 
 from opentelemetry import trace
 
-from otel_verl import health, settings as settings_mod
-from otel_verl.events import _core as _events_core
+from otel_verl import events, health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -53,12 +52,11 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     try:
         with _lock:
-            if provider is _provider and _events_core._runtime is not None:
+            if provider is _provider and events.enabled():
                 return True
             cfg = settings if settings is not None else settings_mod.load()
             tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
-            _events_core._install(_events_core._Runtime(tracer, _id_generator(provider), cfg,
-                                                        getattr(provider, "sampler", None)))
+            events._install(events._Runtime(tracer, _id_generator(provider), cfg, getattr(provider, "sampler", None)))
             _provider = provider
             return True
     except settings_mod.ConfigError as exc:
@@ -96,7 +94,7 @@ def ensure(role: str) -> bool:
     """Called by the wrappers that may be the first to fire in their process: whether the
     events API reports to a provider, asking ``provider_for_role`` once when it does not."""
     global _said_off
-    if _events_core._runtime is not None:
+    if events.enabled():
         return True
     ask = _provider_for_role
     if ask is None or _said_off:
@@ -115,7 +113,7 @@ def ensure(role: str) -> bool:
 def known_off() -> bool:
     """No events runtime here, and none will come from a first wrapper call: wrappers
     step aside without reading their arguments."""
-    return _events_core._runtime is None and (_provider_for_role is None or _said_off)
+    return not events.enabled() and (_provider_for_role is None or _said_off)
 
 
 def stop() -> None:
@@ -123,7 +121,7 @@ def stop() -> None:
     global _provider
     with _lock:
         _provider = None
-        _events_core._install(None)
+        events._install(None)
 
 
 def flush(timeout_s: float = 30.0) -> bool:
