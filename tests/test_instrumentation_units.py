@@ -113,7 +113,7 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
             return wrapped(*args, **kwargs)
 
         hooks.install_all([
-            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",), gate=hooks.ALWAYS),
+            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",)),
             hooks.Hook("fake_verl_mod", "Target.renamed", wrapper, ()),
             hooks.Hook("fake_verl_mod", "Target.coro", wrapper, ("batch",)),
             hooks.Hook("fake_verl_mod", "Missing.method", wrapper, ()),
@@ -131,53 +131,37 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
     assert not hasattr(_Target.method, "__wrapped__")
 
 
-class _Gated:
-    def reports(self, batch):
-        return batch
-
-    def starts(self, batch):
-        return batch
+class _Worker:
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, **kwargs):
+        return sorted(kwargs)
 
 
-def test_wrappers_step_aside_while_tracing_is_off(make_pipeline):
-    """Installed but off: a reporting wrapper is not called at all without an events
-    runtime; a wrapper that may switch tracing on is, until the configurator's
-    ``provider_for_role`` said off (asked once)."""
+def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
+    """``provider_for_role`` said off: wrapped calls run verl's code with verl's own
+    arguments (the trainer's carrier column still never reaches it) and nothing asks again."""
+    import asyncio
     import sys
     import types
 
-    from otel_verl.instrumentation import tracing
+    from otel_verl import events
+    from otel_verl.instrumentation import agent_loop, tracing
 
-    module = types.ModuleType("fake_gated_mod")
-    module.Target = _Gated
-    sys.modules["fake_gated_mod"] = module
-    calls = []
+    module = types.ModuleType("fake_off_mod")
+    module.Worker = _Worker
+    sys.modules["fake_off_mod"] = module
     asked = []
-
-    def wrapper(wrapped, instance, args, kwargs):
-        calls.append(wrapped.__name__)
-        return wrapped(*args, **kwargs)
-
     try:
-        hooks.install_all([
-            hooks.Hook("fake_gated_mod", "Target.reports", wrapper, ("batch",)),
-            hooks.Hook("fake_gated_mod", "Target.starts", wrapper, ("batch",), gate=hooks.STARTS),
-        ])
-        target = _Gated()
+        hooks.install_all([hooks.Hook("fake_off_mod", "Worker._run_agent_loop", agent_loop._run_agent_loop)])
         tracing.provide_on_first_use(lambda role: asked.append(role))  # None: tracing off here
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts"]  # not asked yet: it may be the one to switch tracing on
-        assert not tracing.ensure("trainer") and not tracing.ensure("trainer")
-        assert asked == ["trainer"] and tracing.known_off()
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts"]
-        make_pipeline()  # an events runtime: tracing on
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts", "reports", "starts"]
+        worker = _Worker()
+        for _ in range(2):
+            got = asyncio.run(worker._run_agent_loop({}, {"step": 1}, agent_name="a", uid="u", **{carriers.COLUMN: "c"}))
+            assert got == ["uid"]
+        assert asked == ["agent_loop_worker"] and not events.enabled()
     finally:
         hooks.uninstall_all()
         tracing.provide_on_first_use(None)
-        del sys.modules["fake_gated_mod"]
+        del sys.modules["fake_off_mod"]
 
 
 def test_the_end_of_fit_never_raises_into_verl():

@@ -44,8 +44,8 @@ class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
 class PicklableFunctionWrapper(wrapt.FunctionWrapper):
     __bound_function_wrapper__ = _BoundPicklableWrapper
 
-    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
-        super().__init__(wrapped, wrapper, enabled)
+    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str]) -> None:
+        super().__init__(wrapped, wrapper)
         self._self_ref = ref  # (module name, dotted attribute path)
         self._self_unbound = None
 
@@ -64,7 +64,6 @@ class PicklableFunctionWrapper(wrapt.FunctionWrapper):
         return (resolve_reference, self._self_ref)
 
 
-def wrap(root: Any, target: str, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
-    """Patch ``root.<target>`` with ``wrapper`` (wrapt signature); ``enabled``: wrapt's
-    per-call check, ``wrapper`` is bypassed while it returns False."""
-    wrapt.wrap_object(root, target, PicklableFunctionWrapper, (wrapper, ref, enabled))
+def wrap(root: Any, target: str, wrapper: Any, ref: Tuple[str, str]) -> None:
+    """Patch ``root.<target>`` with ``wrapper`` (wrapt signature)."""
+    wrapt.wrap_object(root, target, PicklableFunctionWrapper, (wrapper, ref))

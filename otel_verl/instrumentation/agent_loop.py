@@ -19,7 +19,7 @@ from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import ArgReader, arg, bound, self_and_args
 from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
-from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
+from otel_verl.instrumentation.hooks import Hook, install_on
 from otel_verl.semconv import Role
 
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
@@ -31,12 +31,9 @@ _compute_score_args = ArgReader(("outputs",))
 _ROLE = Role.AGENT_LOOP_WORKER  # (an enum member read off its class costs a Python __getattr__ call)
 
 
-def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
-    """Translate ``_run_agent_loop``'s arguments into :func:`events.trajectory` arguments.
-
-    Pops the carrier from ``kwargs`` (the call's own keyword arguments: every column of
-    the row, including ours)."""
-    carrier = carriers.pop_kwargs(kwargs)
+def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict, carrier: Any) -> dict:
+    """:func:`events.trajectory`'s arguments from ``_run_agent_loop``'s (``kwargs``: the
+    row's columns) and the carrier the trainer sent with the row."""
     row = getattr(carrier, "row", None) or {}
     trajectory = trajectory or {}
     session_id = kwargs.get("session_id")
@@ -64,18 +61,16 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
-    if not events.enabled() and tracing.known_off():  # off here: only keep our carrier out of verl
-        carriers.pop_kwargs(kwargs)
+    carrier = carriers.pop_kwargs(kwargs)  # verl passes the row's columns as keywords: ours never reaches it
+    if not tracing.ensure(_ROLE):
         return await wrapped(*args, **kwargs)
     try:
-        tracing.ensure(_ROLE)
         # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
         # holds the wrapper: the reader finds self either way.
         worker, (trajectory,) = _run_agent_loop_args.with_self(wrapped, instance, args, kwargs)
-        traj_args = _trajectory_args(worker, trajectory, kwargs)
+        traj_args = _trajectory_args(worker, trajectory, kwargs, carrier)
     except Exception as exc:
         health.record_failure("agent_loop._run_agent_loop", exc)
-        carriers.pop_kwargs(kwargs)
         return await wrapped(*args, **kwargs)
     with events.trajectory(**traj_args):
         return await wrapped(*args, **kwargs)
@@ -212,9 +207,9 @@ def _observation_texts(messages: List[Any]) -> List[str]:
 
 
 HOOKS = [
-    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT, gate=ALWAYS),
-    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT, gate=ALWAYS),
-    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT, gate=ALWAYS),
+    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),

@@ -17,7 +17,7 @@ from typing import Any
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import bound
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Role
 
 TRANSFER_QUEUE = "transfer_queue"
@@ -57,5 +57,5 @@ def _prompt_running(uid: Any) -> None:
 
 
 HOOKS = [
-    Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put, ("key", "partition_id", "fields", "tag"), COMPONENT, gate=STARTS),
+    Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put, ("key", "partition_id", "fields", "tag"), COMPONENT),
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import bound, replaced
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Role
 
 SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
@@ -70,9 +70,7 @@ async def _generate_request(wrapped, instance, args, kwargs):
 
 
 HOOKS = [
-    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT,
-         gate=STARTS),
-    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT,
-         gate=STARTS),
+    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
+    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
     Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
 ]

@@ -28,7 +28,7 @@ ProviderForRole = Callable[[str], Optional[Any]]  # role -> TracerProvider, or N
 _lock = threading.RLock()
 _provider: Any = None  # what the events runtime reports to (None: no runtime installed here)
 _provider_for_role: Optional[ProviderForRole] = None
-_said_off = False  # provider_for_role answered None: the wrappers step aside
+_said_off = False  # provider_for_role answered None: tracing stays off here
 
 
 def _new_lock_in_child() -> None:
@@ -91,8 +91,8 @@ def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
 
 
 def ensure(role: str) -> bool:
-    """Called by the wrappers that may be the first to fire in their process: whether the
-    events API reports to a provider, asking ``provider_for_role`` once when it does not."""
+    """Whether the events API reports to a provider; where it does not, the first call
+    asks ``provider_for_role(role)`` (only the wrappers know their process's role)."""
     global _said_off
     if events.enabled():
         return True
@@ -108,12 +108,6 @@ def ensure(role: str) -> bool:
         _said_off = True
         return False
     return use_provider(provider)
-
-
-def known_off() -> bool:
-    """No events runtime here, and none will come from a first wrapper call: wrappers
-    step aside without reading their arguments."""
-    return not events.enabled() and (_provider_for_role is None or _said_off)
 
 
 def stop() -> None:

@@ -22,7 +22,7 @@ from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound, self_and_args
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Outcome, Stage
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
@@ -166,7 +166,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT, gate=STARTS),
+    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT),
     Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),

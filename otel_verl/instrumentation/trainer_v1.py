@@ -28,7 +28,7 @@ from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import bound
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Outcome, Stage
 
 V1 = "verl.trainer.ppo.v1"
@@ -273,7 +273,7 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
 HOOKS = [
     Hook(TRAINER_BASE, "PPOTrainer.fit",
          _trainer.fit_wrapper(TRAINER, _worker_actors, layout_of=_layout, before_end=_end_unconsumed_samples),
-         ("agent_loop_manager",), COMPONENT, gate=STARTS),
+         ("agent_loop_manager",), COMPONENT),
     Hook(TRAINER_BASE, "marked_timer", _marked_timer, ("name",), COMPONENT),
     *[Hook(module, "marked_timer", _stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
     Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch, (), COMPONENT),
