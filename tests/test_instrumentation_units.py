@@ -164,6 +164,43 @@ def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
         del sys.modules["fake_off_mod"]
 
 
+class _Actor:
+    def method(self, x):
+        return x
+
+
+def test_wrapped_methods_survive_rays_copy_of_an_actor_class():
+    """``ray.remote(cls)`` makes a subclass holding the methods it finds on ``cls`` and
+    cloudpickles it by value: the copy still calls our wrapper, not the bare method."""
+    import sys
+    import types
+
+    import ray.cloudpickle as cloudpickle
+    from ray.actor import _modify_class
+    from ray.util.tracing.tracing_helper import _inject_tracing_into_class
+
+    module = types.ModuleType("fake_actor_mod")
+    module._Actor = _Actor
+    _Actor.__module__ = "fake_actor_mod"
+    sys.modules["fake_actor_mod"] = module
+    calls = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        calls.append(instance)
+        return wrapped(*args, **kwargs)
+
+    try:
+        hooks.install_all([hooks.Hook("fake_actor_mod", "_Actor.method", wrapper, ("x",))])
+        copy = _modify_class(_Actor)
+        _inject_tracing_into_class(copy)
+        actor = cloudpickle.loads(cloudpickle.dumps(copy))()
+        assert actor.method(5) == 5 and calls == [actor]
+    finally:
+        hooks.uninstall_all()
+        del sys.modules["fake_actor_mod"]
+        _Actor.__module__ = __name__
+
+
 def test_the_end_of_fit_never_raises_into_verl():
     from otel_verl import health
     from otel_verl.instrumentation import _trainer
