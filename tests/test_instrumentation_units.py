@@ -58,20 +58,20 @@ class _ToolLoop:
 
 @pytest.mark.parametrize("how", ["bound method", "bound method, no instance", "unbound, self in args",
                                  "plain function wrapper on an instance"])
-def test_one_argument_is_read_as_bound_would_bind_it(how):
-    """``_args.arg`` and ``_args.ArgReader`` (the rollout worker's wrappers read a few
-    arguments) against ``_args.bound`` for every way verl passes them and wrapt hands them
-    over; one reader goes from function to function and call style to call style."""
-    from otel_verl.instrumentation._args import ArgReader, arg, bound
+def test_arguments_are_read_as_python_binds_them(how):
+    """``_args.arguments`` against ``inspect.signature(...).bind`` for every way verl
+    passes arguments and wrapt hands them over; ``with_argument`` replaces one in place."""
+    import inspect
 
-    names = ("tool_call", "tools_kwargs", "agent_data", "request_id", "prompt_ids", "sampling_params")
-    reader = ArgReader(names)
+    from otel_verl.instrumentation._args import arguments, with_argument
 
     loop = _ToolLoop()
     calls = [((("tc", {"k": 1}, "data"), {}), "_call_tool"), ((("tc",), {"tools_kwargs": {}, "agent_data": "data"}), "_call_tool"),
              ((("rid",), {"prompt_ids": [1, 2], "sampling_params": {"t": 1}}), "generate"),
              (((), {"request_id": "rid", "prompt_ids": [3], "sampling_params": {}}), "generate")]
     for (args, kwargs), name in calls:
+        expected = inspect.signature(getattr(loop, name)).bind(*args, **kwargs).arguments
+        expected.update(expected.pop("kwargs", {}))
         if how == "bound method":
             wrapped, instance = getattr(loop, name), loop
         elif how == "bound method, no instance":
@@ -80,14 +80,12 @@ def test_one_argument_is_read_as_bound_would_bind_it(how):
             wrapped, instance, args = getattr(_ToolLoop, name), None, (loop,) + args
         else:
             wrapped, instance = getattr(_ToolLoop, name), loop
-        self_, values = bound(wrapped, instance, args, kwargs)
-        assert self_ is loop
-        for param in names:
-            assert arg(wrapped, instance, args, kwargs, param, "absent") == values.get(param, "absent"), (how, name, param)
-        expected = tuple(values.get(param) for param in names)
-        assert reader(wrapped, instance, args, kwargs) == expected, (how, name)
-        found_self, found = reader.with_self(wrapped, instance, args, kwargs)
+        found_self, found = arguments(wrapped, instance, args, kwargs)
         assert found_self is loop and found == expected, (how, name)
+        first = next(iter(expected))
+        new_args, new_kwargs = with_argument(wrapped, instance, args, kwargs, first, "new")
+        assert arguments(wrapped, instance, new_args, new_kwargs)[1] == {**expected, first: "new"}, (how, name)
+        assert len(new_args) == len(args), (how, name)
 
 
 class _Target:

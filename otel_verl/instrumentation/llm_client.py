@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation._args import ArgReader
+from otel_verl.instrumentation._args import arguments
 from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
@@ -20,7 +20,6 @@ COMPONENT = "llm_client"
 
 
 _MODEL_CACHE_ATTR = "_otel_verl_model_provider"
-_generate_args = ArgReader(("sampling_params", "prompt_ids", "request_id"))
 
 
 def _model_and_provider(client: Any) -> "tuple[str | None, str]":
@@ -45,8 +44,9 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        params, prompt_ids, request_id = _generate_args.read(wrapped, instance, args, kwargs)
-        params = params or {}
+        _, values = arguments(wrapped, instance, args, kwargs)
+        params = values.get("sampling_params") or {}
+        prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
         model, provider = _model_and_provider(instance)
         call = events.llm_call(
             prompt_ids or (),
