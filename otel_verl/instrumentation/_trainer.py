@@ -151,8 +151,6 @@ def chunk_worker_indices(n_rows: int, n_workers: int) -> List[int]:
 class StageTimer:
     """A trainer's ``marked_timer(...)`` context manager with a step-stage span around it."""
 
-    __slots__ = ("_timer", "_stage", "_handle", "_scope")
-
     def __init__(self, timer: Any, stage: Stage) -> None:
         self._timer = timer
         self._stage = stage

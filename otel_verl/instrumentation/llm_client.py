@@ -17,16 +17,14 @@ from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
 COMPONENT = "llm_client"
-
-
-_MODEL_CACHE_ATTR = "_otel_verl_model_provider"
+CACHE_ATTR = "_otel_verl_model_provider"  # (config, (model, provider)) on the client
 
 
 def _model_and_provider(client: Any) -> "tuple[str | None, str]":
-    # Read once per client and config: four OmegaConf lookups cost more (~100 us) than
-    # the rest of a turn's tracing.
+    # Read once per client and config: verl's config is an OmegaConf DictConfig, whose
+    # lookups are slow enough to cost more than the rest of a turn's tracing.
     config = getattr(client, "config", None)
-    cached = getattr(client, _MODEL_CACHE_ATTR, None)
+    cached = getattr(client, CACHE_ATTR, None)
     if cached is not None and cached[0] is config:
         return cached[1]
     try:
@@ -36,7 +34,7 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
     except Exception:
         return None, "verl"
     try:
-        setattr(client, _MODEL_CACHE_ATTR, (config, result))
+        setattr(client, CACHE_ATTR, (config, result))
     except Exception:  # a client that takes no attributes: read it every time
         pass
     return result
@@ -59,11 +57,13 @@ async def _generate(wrapped, instance, args, kwargs):
         )
     except Exception as exc:
         health.record_failure("llm_client.generate", exc)
-        return _pop_server_meta(await wrapped(*args, **kwargs))[0]
+        output = await wrapped(*args, **kwargs)
+        _pop_server_meta(output)
+        return output
     with call as turn:
-        output, server_meta = _pop_server_meta(await wrapped(*args, **kwargs))
-        # the server wrapper's own dict, popped out of verl's data: ours to change
-        output_tokens = server_meta.pop("completion_tokens", None) if type(server_meta) is dict else None
+        output = await wrapped(*args, **kwargs)
+        server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
+        output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
         turn.finish(
             getattr(output, "token_ids", ()) or (),
             stop_reason=getattr(output, "stop_reason", None),
@@ -73,10 +73,10 @@ async def _generate(wrapped, instance, args, kwargs):
         return output
 
 
-def _pop_server_meta(output: Any) -> "tuple[Any, dict | None]":
+def _pop_server_meta(output: Any) -> "dict | None":
+    """The server's timing our server wrapper put into ``output``, taken out of verl's data."""
     extra = getattr(output, "extra_fields", None)
-    meta = extra.pop(carriers.SERVER_META_KEY, None) if isinstance(extra, dict) else None
-    return output, meta
+    return extra.pop(carriers.SERVER_META_KEY, None) if isinstance(extra, dict) else None
 
 
 def _engine_request_id(wrapped, instance, args, kwargs):
