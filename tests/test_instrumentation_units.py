@@ -60,20 +60,20 @@ class _ToolLoop:
 
 @pytest.mark.parametrize("how", ["bound method", "bound method, no instance", "unbound, self in args",
                                  "plain function wrapper on an instance"])
-def test_one_argument_is_read_as_bound_would_bind_it(how):
-    """``_args.arg`` and ``_args.ArgReader`` (the rollout worker's wrappers read a few
-    arguments) against ``_args.bound`` for every way verl passes them and wrapt hands them
-    over; one reader goes from function to function and call style to call style."""
-    from otel_verl.instrumentation._args import ArgReader, arg, bound
+def test_arguments_are_read_as_python_binds_them(how):
+    """``_args.arguments`` against ``inspect.signature(...).bind`` for every way verl
+    passes arguments and wrapt hands them over; ``with_argument`` replaces one in place."""
+    import inspect
 
-    names = ("tool_call", "tools_kwargs", "agent_data", "request_id", "prompt_ids", "sampling_params")
-    reader = ArgReader(names)
+    from otel_verl.instrumentation._args import arguments, with_argument
 
     loop = _ToolLoop()
     calls = [((("tc", {"k": 1}, "data"), {}), "_call_tool"), ((("tc",), {"tools_kwargs": {}, "agent_data": "data"}), "_call_tool"),
              ((("rid",), {"prompt_ids": [1, 2], "sampling_params": {"t": 1}}), "generate"),
              (((), {"request_id": "rid", "prompt_ids": [3], "sampling_params": {}}), "generate")]
     for (args, kwargs), name in calls:
+        expected = inspect.signature(getattr(loop, name)).bind(*args, **kwargs).arguments
+        expected.update(expected.pop("kwargs", {}))
         if how == "bound method":
             wrapped, instance = getattr(loop, name), loop
         elif how == "bound method, no instance":
@@ -82,14 +82,12 @@ def test_one_argument_is_read_as_bound_would_bind_it(how):
             wrapped, instance, args = getattr(_ToolLoop, name), None, (loop,) + args
         else:
             wrapped, instance = getattr(_ToolLoop, name), loop
-        self_, values = bound(wrapped, instance, args, kwargs)
-        assert self_ is loop
-        for param in names:
-            assert arg(wrapped, instance, args, kwargs, param, "absent") == values.get(param, "absent"), (how, name, param)
-        expected = tuple(values.get(param) for param in names)
-        assert reader(wrapped, instance, args, kwargs) == expected, (how, name)
-        found_self, found = reader.with_self(wrapped, instance, args, kwargs)
+        found_self, found = arguments(wrapped, instance, args, kwargs)
         assert found_self is loop and found == expected, (how, name)
+        first = next(iter(expected))
+        new_args, new_kwargs = with_argument(wrapped, instance, args, kwargs, first, "new")
+        assert arguments(wrapped, instance, new_args, new_kwargs)[1] == {**expected, first: "new"}, (how, name)
+        assert len(new_args) == len(args), (how, name)
 
 
 class _Target:
@@ -115,7 +113,7 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
             return wrapped(*args, **kwargs)
 
         hooks.install_all([
-            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",), gate=hooks.ALWAYS),
+            hooks.Hook("fake_verl_mod", "Target.method", wrapper, ("batch",)),
             hooks.Hook("fake_verl_mod", "Target.renamed", wrapper, ()),
             hooks.Hook("fake_verl_mod", "Target.coro", wrapper, ("batch",)),
             hooks.Hook("fake_verl_mod", "Missing.method", wrapper, ()),
@@ -133,53 +131,74 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
     assert not hasattr(_Target.method, "__wrapped__")
 
 
-class _Gated:
-    def reports(self, batch):
-        return batch
-
-    def starts(self, batch):
-        return batch
+class _Worker:
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, **kwargs):
+        return sorted(kwargs)
 
 
-def test_wrappers_step_aside_while_tracing_is_off(make_pipeline):
-    """Installed but off: a reporting wrapper is not called at all without an events
-    runtime; a wrapper that may switch tracing on is, until the configurator's
-    ``provider_for_role`` said off (asked once)."""
+def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
+    """``provider_for_role`` said off: wrapped calls run verl's code with verl's own
+    arguments (the trainer's carrier column still never reaches it) and nothing asks again."""
+    import asyncio
     import sys
     import types
 
-    from otel_verl.instrumentation import tracing
+    from otel_verl import events
+    from otel_verl.instrumentation import agent_loop, tracing
 
-    module = types.ModuleType("fake_gated_mod")
-    module.Target = _Gated
-    sys.modules["fake_gated_mod"] = module
-    calls = []
+    module = types.ModuleType("fake_off_mod")
+    module.Worker = _Worker
+    sys.modules["fake_off_mod"] = module
     asked = []
-
-    def wrapper(wrapped, instance, args, kwargs):
-        calls.append(wrapped.__name__)
-        return wrapped(*args, **kwargs)
-
     try:
-        hooks.install_all([
-            hooks.Hook("fake_gated_mod", "Target.reports", wrapper, ("batch",)),
-            hooks.Hook("fake_gated_mod", "Target.starts", wrapper, ("batch",), gate=hooks.STARTS),
-        ])
-        target = _Gated()
+        hooks.install_all([hooks.Hook("fake_off_mod", "Worker._run_agent_loop", agent_loop._run_agent_loop)])
         tracing.provide_on_first_use(lambda role: asked.append(role))  # None: tracing off here
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts"]  # not asked yet: it may be the one to switch tracing on
-        assert not tracing.ensure("trainer") and not tracing.ensure("trainer")
-        assert asked == ["trainer"] and tracing.known_off()
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts"]
-        make_pipeline()  # an events runtime: tracing on
-        assert target.reports(1) == 1 and target.starts(2) == 2
-        assert calls == ["starts", "reports", "starts"]
+        worker = _Worker()
+        for _ in range(2):
+            got = asyncio.run(worker._run_agent_loop({}, {"step": 1}, agent_name="a", uid="u", **{carriers.COLUMN: "c"}))
+            assert got == ["uid"]
+        assert asked == ["agent_loop_worker"] and not events.enabled()
     finally:
         hooks.uninstall_all()
         tracing.provide_on_first_use(None)
-        del sys.modules["fake_gated_mod"]
+        del sys.modules["fake_off_mod"]
+
+
+class _Actor:
+    def method(self, x):
+        return x
+
+
+def test_wrapped_methods_survive_rays_copy_of_an_actor_class():
+    """``ray.remote(cls)`` makes a subclass holding the methods it finds on ``cls`` and
+    cloudpickles it by value: the copy still calls our wrapper, not the bare method."""
+    import sys
+    import types
+
+    import ray.cloudpickle as cloudpickle
+    from ray.actor import _modify_class
+    from ray.util.tracing.tracing_helper import _inject_tracing_into_class
+
+    module = types.ModuleType("fake_actor_mod")
+    module._Actor = _Actor
+    _Actor.__module__ = "fake_actor_mod"
+    sys.modules["fake_actor_mod"] = module
+    calls = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        calls.append(instance)
+        return wrapped(*args, **kwargs)
+
+    try:
+        hooks.install_all([hooks.Hook("fake_actor_mod", "_Actor.method", wrapper, ("x",))])
+        copy = _modify_class(_Actor)
+        _inject_tracing_into_class(copy)
+        actor = cloudpickle.loads(cloudpickle.dumps(copy))()
+        assert actor.method(5) == 5 and calls == [actor]
+    finally:
+        hooks.uninstall_all()
+        del sys.modules["fake_actor_mod"]
+        _Actor.__module__ = __name__
 
 
 def test_the_end_of_fit_never_raises_into_verl():
@@ -213,3 +232,32 @@ def test_only_numeric_server_meta_becomes_server_span_attributes(make_pipeline):
             for name, attrs in by_name.items()}
     assert kept["verl.llm_server.generate"] == {"e2e_latency": 0.5, "queue_time": 0.25, "cached_tokens": 3}  # no bool, str or np.int64
     assert kept["chat m"] == {}  # on the server's span only (the turn keeps them for the JSONL)
+
+
+def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path):
+    """The export process decodes and encodes with what ``text_decoder`` / ``text_encoder``
+    send it: the tokenizer's own results, loaded without importing transformers."""
+    import pickle
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path / "model")))
+    text = "hello <tool_call>world</tool_call> 12 + 30 = 42 <|im_end|>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decode, encode = text_decoder(tokenizer), text_encoder(tokenizer)
+    assert decode is text_decoder(tokenizer) and encode is text_encoder(tokenizer)  # sent once per tokenizer
+    for given in (ids, np.array(ids), torch.tensor(ids)):
+        assert decode(given, skip_special_tokens=True) == tokenizer.decode(given, skip_special_tokens=True)
+    assert encode(text, add_special_tokens=False) == ids
+    (tmp_path / "codec").write_bytes(pickle.dumps((decode, encode)))
+    code = ("import pickle, sys; decode, encode = pickle.load(open(sys.argv[1], 'rb'));"
+            "print(repr(decode(eval(sys.argv[2]))), encode(sys.argv[3], add_special_tokens=False),"
+            " 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "codec"), repr(ids), text],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == f"{tokenizer.decode(ids)!r} {ids} False"

@@ -7,8 +7,9 @@ ended by ``Tracking.log``, which is also where the step ends).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from otel_verl import events, health
 from otel_verl.instrumentation import tracing
@@ -148,39 +149,12 @@ def chunk_worker_indices(n_rows: int, n_workers: int) -> List[int]:
     return [min(i // size, n_workers - 1) for i in range(n_rows)]
 
 
-class StageTimer:
-    """A trainer's ``marked_timer(...)`` context manager with a step-stage span around it."""
-
-    __slots__ = ("_timer", "_stage", "_handle", "_scope")
-
-    def __init__(self, timer: Any, stage: Stage) -> None:
-        self._timer = timer
-        self._stage = stage
-        self._handle = None
-        self._scope = None
-
-    def __enter__(self) -> Any:
-        try:
-            self._handle = events.stage_begin(
-                self._stage, step=current.global_step(), trainer=current.name, layout=current.layout
-            )
-            self._scope = events.current_span_scope(self._handle.span)
-            self._scope.__enter__()
-        except Exception as exc:
-            health.record_failure("trainer.marked_timer", exc)
-        return self._timer.__enter__()
-
-    def __exit__(self, *exc_info: Any) -> Any:
-        try:
-            return self._timer.__exit__(*exc_info)
-        finally:
-            try:
-                if self._scope is not None:
-                    self._scope.__exit__(None, None, None)
-                if self._handle is not None:
-                    self._handle.end(exc_info[1])
-            except Exception as exc:
-                health.record_failure("trainer.marked_timer", exc)
+@contextlib.contextmanager
+def _in_stage_span(timer: Any, stage: Stage) -> Iterator[Any]:
+    """A trainer's ``marked_timer(...)`` context manager inside a step-stage span."""
+    with events.step_stage(stage, step=current.global_step(), trainer=current.name, layout=current.layout):
+        with timer as value:
+            yield value
 
 
 def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
@@ -192,7 +166,7 @@ def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
         stage = stage_by_timer.get(name)
         if stage is None or events.is_validating() or not current.active:
             return timer
-        return StageTimer(timer, stage)
+        return _in_stage_span(timer, stage)
 
     return wrapper
 

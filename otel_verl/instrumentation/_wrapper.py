@@ -1,12 +1,10 @@
-"""The wrapper type otel_verl patches verl with: a wrapt FunctionWrapper that survives Ray.
+"""The wrapt FunctionWrapper otel_verl patches verl with, made to survive Ray.
 
-Ray copies every method of an actor class into a subclass it pickles by value (its
-``_modify_class`` / ``_inject_tracing_into_class``), capturing the method objects of the
-process that called ``ray.remote(cls)``. cloudpickle turns a plain FunctionWrapper into
-the bare wrapped function, so an actor would run its creator's *unwrapped* code and
-never our wrappers. This wrapper pickles as a *reference* to the attribute it patches:
-the actor process resolves it in its own module, wrapped there when otel_verl is active
-in it, plain otherwise.
+``ray.remote(cls)`` copies the methods of an actor class into a subclass that cloudpickle
+sends to the actor process by value. cloudpickle sends a plain FunctionWrapper as the
+bare function it wraps, so the actor would run verl's code without our wrappers. This
+wrapper pickles as a reference to the attribute it patches instead: the actor process
+looks it up in its own copy of the module (wrapped there when tracing is on there).
 """
 
 from __future__ import annotations
@@ -33,9 +31,6 @@ def resolve_reference(module_name: str, target: str) -> Any:
     return getattr(owner, attr)
 
 
-_bind = wrapt.FunctionWrapper.__get__  # (no super() per method access: several per LLM turn)
-
-
 class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
     def __reduce_ex__(self, protocol: int) -> Any:
         return self._self_parent.__reduce_ex__(protocol)
@@ -44,27 +39,25 @@ class _BoundPicklableWrapper(wrapt.BoundFunctionWrapper):
 class PicklableFunctionWrapper(wrapt.FunctionWrapper):
     __bound_function_wrapper__ = _BoundPicklableWrapper
 
-    def __init__(self, wrapped: Any, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
-        super().__init__(wrapped, wrapper, enabled)
-        self._self_ref = ref  # (module name, dotted attribute path)
-        self._self_unbound = None
+    def __init__(self, wrapped: Any, wrapper: Any, reference: Tuple[str, str]) -> None:
+        super().__init__(wrapped, wrapper)
+        self._self_reference = reference  # (module name, dotted attribute path)
+        self._self_on_class = None
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is not None:  # a method call on an instance: wrapt's own binding
-            return _bind(self, instance, owner)
-        # Accessed on a class: always the same object, so that cloudpickle recognises it
-        # (``getattr(module.Class, name) is obj``) and pickles it by reference.
-        if isinstance(self.__wrapped__, types.FunctionType):
-            if self._self_unbound is None:
-                self._self_unbound = _bind(self, None, owner)
-            return self._self_unbound
-        return _bind(self, None, owner)
+        # cloudpickle sends a method by reference only if looking it up on its class again
+        # gives the very same object: so a lookup on the class always returns one object.
+        if instance is None and isinstance(self.__wrapped__, types.FunctionType):
+            if self._self_on_class is None:
+                self._self_on_class = super().__get__(None, owner)
+            return self._self_on_class
+        return super().__get__(instance, owner)
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        return (resolve_reference, self._self_ref)
+        return resolve_reference, self._self_reference
 
 
-def wrap(root: Any, target: str, wrapper: Any, ref: Tuple[str, str], enabled: Any = None) -> None:
-    """Patch ``root.<target>`` with ``wrapper`` (wrapt signature); ``enabled``: wrapt's
-    per-call check, ``wrapper`` is bypassed while it returns False."""
-    wrapt.wrap_object(root, target, PicklableFunctionWrapper, (wrapper, ref, enabled))
+def wrap(owner: Any, attr: str, wrapper: Any, reference: Tuple[str, str]) -> None:
+    """Patch ``owner.attr`` with ``wrapper`` (wrapt's ``(wrapped, instance, args, kwargs)``);
+    ``reference``: (module name, dotted path) where another process finds it."""
+    wrapt.wrap_object(owner, attr, PicklableFunctionWrapper, (wrapper, reference))

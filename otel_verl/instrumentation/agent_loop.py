@@ -13,30 +13,25 @@ removed from the batch-level columns ``_postprocess`` copies into the output.
 
 from __future__ import annotations
 
-from typing import Any, List
+import importlib
+import sys
+from typing import Any, List, Optional
 
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
-from otel_verl.instrumentation._args import ArgReader, arg, bound, self_and_args
+from otel_verl.instrumentation._args import arguments, with_argument
 from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
-from otel_verl.instrumentation.hooks import ALWAYS, Hook, install_on
+from otel_verl.instrumentation.hooks import Hook, install_on
 from otel_verl.semconv import Role
 
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
 TOOL_AGENT_LOOP = "verl.experimental.agent_loop.tool_agent_loop"
 COMPONENT = "agent_loop"
-# (readers learn a function's positional parameters once: both run once per trajectory)
-_run_agent_loop_args = ArgReader(("trajectory",))
-_compute_score_args = ArgReader(("outputs",))
-_ROLE = Role.AGENT_LOOP_WORKER  # (an enum member read off its class costs a Python __getattr__ call)
 
 
-def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
-    """Translate ``_run_agent_loop``'s arguments into :func:`events.trajectory` arguments.
-
-    Pops the carrier from ``kwargs`` (the call's own keyword arguments: every column of
-    the row, including ours)."""
-    carrier = carriers.pop_kwargs(kwargs)
+def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carrier: Any) -> dict:
+    """:func:`events.trajectory`'s arguments from ``_run_agent_loop``'s (``kwargs``: the
+    row's columns) and the carrier the trainer sent with the row."""
     row = getattr(carrier, "row", None) or {}
     trajectory = trajectory or {}
     session_id = kwargs.get("session_id")
@@ -64,18 +59,14 @@ def _trajectory_args(worker: Any, trajectory: dict, kwargs: dict) -> dict:
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
-    if not events.enabled() and tracing.known_off():  # off here: only keep our carrier out of verl
-        carriers.pop_kwargs(kwargs)
+    carrier = carriers.pop_kwargs(kwargs)  # verl passes the row's columns as keywords: ours never reaches it
+    if not tracing.ensure(Role.AGENT_LOOP_WORKER):
         return await wrapped(*args, **kwargs)
     try:
-        tracing.ensure(_ROLE)
-        # ``instance`` is None when Ray's by-value copy of a worker class (AgentLoopWorkerTQ)
-        # holds the wrapper: the reader finds self either way.
-        worker, (trajectory,) = _run_agent_loop_args.with_self(wrapped, instance, args, kwargs)
-        traj_args = _trajectory_args(worker, trajectory, kwargs)
+        worker, values = arguments(wrapped, instance, args, kwargs)
+        traj_args = _trajectory_args(worker, values.get("trajectory"), kwargs, carrier)
     except Exception as exc:
         health.record_failure("agent_loop._run_agent_loop", exc)
-        carriers.pop_kwargs(kwargs)
         return await wrapped(*args, **kwargs)
     with events.trajectory(**traj_args):
         return await wrapped(*args, **kwargs)
@@ -84,19 +75,19 @@ async def _run_agent_loop(wrapped, instance, args, kwargs):
 def _postprocess(wrapped, instance, args, kwargs):
     # Input columns are copied into the output in non-streaming reward mode: never ours.
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
+        _, values = arguments(wrapped, instance, args, kwargs)
         columns = values.get("input_non_tensor_batch")
         if isinstance(columns, dict) and carriers.COLUMN in columns:
             columns = {k: v for k, v in columns.items() if k != carriers.COLUMN}
-            if "input_non_tensor_batch" in kwargs:
-                kwargs = {**kwargs, "input_non_tensor_batch": columns}
+            args, kwargs = with_argument(wrapped, instance, args, kwargs, "input_non_tensor_batch", columns)
     except Exception as exc:
         health.record_failure("agent_loop._postprocess", exc)
     return wrapped(*args, **kwargs)
 
 
 async def _agent_run(wrapped, instance, args, kwargs):
-    with events.agent_run(type(self_and_args(instance, args)[0]).__name__):
+    agent_loop = args[0] if instance is None and args else instance  # self comes first when called through the class
+    with events.agent_run(type(agent_loop).__name__):
         return await wrapped(*args, **kwargs)
 
 
@@ -112,9 +103,6 @@ def _worker_init(wrapped, instance, args, kwargs):
 
 
 def wrap_registered_agent_loops() -> List[str]:
-    import importlib
-    import sys
-
     module = sys.modules.get(AGENT_LOOP)
     registry = getattr(module, "_agent_loop_registry", {}) or {}
     wrapped_names = []
@@ -138,8 +126,8 @@ def wrap_registered_agent_loops() -> List[str]:
 
 async def _compute_score(wrapped, instance, args, kwargs):
     try:
-        worker, (outputs,) = _compute_score_args.with_self(wrapped, instance, args, kwargs)
-        outputs = outputs or []
+        worker, values = arguments(wrapped, instance, args, kwargs)
+        outputs = values.get("outputs") or []
         final = outputs[-1] if outputs else None
         scored_here = final is not None and final.reward_score is None and getattr(worker, "reward_loop_worker_handles", None) is not None
     except Exception as exc:
@@ -171,20 +159,20 @@ def _record_outcome(final: Any, reward: Any) -> None:
 
 async def _call_tool(wrapped, instance, args, kwargs):
     try:
-        tool_call = arg(wrapped, instance, args, kwargs, "tool_call")
+        tool_call = arguments(wrapped, instance, args, kwargs)[1].get("tool_call")
         name = str(getattr(tool_call, "name", "tool"))
         call_id = getattr(tool_call, "tool_call_id", None)
-        arguments = getattr(tool_call, "arguments", None)  # on the span only with content capture on
+        tool_arguments = getattr(tool_call, "arguments", None)  # on the span only with content capture on
     except Exception as exc:
         health.record_failure("agent_loop._call_tool", exc)
         return await wrapped(*args, **kwargs)
-    with events.tool_call(name, call_id=call_id, arguments=arguments):
+    with events.tool_call(name, call_id=call_id, arguments=tool_arguments):
         return await wrapped(*args, **kwargs)
 
 
 async def _handle_processing_tools_state(wrapped, instance, args, kwargs):
     try:
-        agent_data = arg(wrapped, instance, args, kwargs, "agent_data")
+        agent_data = arguments(wrapped, instance, args, kwargs)[1].get("agent_data")
         before = len(agent_data.messages)
     except Exception as exc:
         health.record_failure("agent_loop._handle_processing_tools_state", exc)
@@ -212,9 +200,9 @@ def _observation_texts(messages: List[Any]) -> List[str]:
 
 
 HOOKS = [
-    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT, gate=ALWAYS),
-    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT, gate=ALWAYS),
-    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT, gate=ALWAYS),
+    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),

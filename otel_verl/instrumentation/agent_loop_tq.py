@@ -16,8 +16,8 @@ from typing import Any
 
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
-from otel_verl.instrumentation._args import bound
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation._args import arguments
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Role
 
 TRANSFER_QUEUE = "transfer_queue"
@@ -29,7 +29,7 @@ async def _async_kv_put(wrapped, instance, args, kwargs):
     status = None
     key = None
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
+        _, values = arguments(wrapped, instance, args, kwargs)
         tag = values.get("tag")
         if values.get("partition_id") == TRAIN_PARTITION and values.get("fields") is None and isinstance(tag, dict):
             status, key = tag.get("status"), values.get("key")
@@ -57,5 +57,5 @@ def _prompt_running(uid: Any) -> None:
 
 
 HOOKS = [
-    Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put, ("key", "partition_id", "fields", "tag"), COMPONENT, gate=STARTS),
+    Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put, ("key", "partition_id", "fields", "tag"), COMPONENT),
 ]

@@ -12,22 +12,19 @@ import os
 from typing import Any
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation._args import ArgReader
+from otel_verl.instrumentation._args import arguments
 from otel_verl.instrumentation.hooks import Hook
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
 COMPONENT = "llm_client"
-
-
-_MODEL_CACHE_ATTR = "_otel_verl_model_provider"
-_generate_args = ArgReader(("sampling_params", "prompt_ids", "request_id"))
+CACHE_ATTR = "_otel_verl_model_provider"  # (config, (model, provider)) on the client
 
 
 def _model_and_provider(client: Any) -> "tuple[str | None, str]":
-    # Read once per client and config: four OmegaConf lookups cost more (~100 us) than
-    # the rest of a turn's tracing.
+    # Read once per client and config: verl's config is an OmegaConf DictConfig, whose
+    # lookups are slow enough to cost more than the rest of a turn's tracing.
     config = getattr(client, "config", None)
-    cached = getattr(client, _MODEL_CACHE_ATTR, None)
+    cached = getattr(client, CACHE_ATTR, None)
     if cached is not None and cached[0] is config:
         return cached[1]
     try:
@@ -37,7 +34,7 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
     except Exception:
         return None, "verl"
     try:
-        setattr(client, _MODEL_CACHE_ATTR, (config, result))
+        setattr(client, CACHE_ATTR, (config, result))
     except Exception:  # a client that takes no attributes: read it every time
         pass
     return result
@@ -45,8 +42,9 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
 
 async def _generate(wrapped, instance, args, kwargs):
     try:
-        params, prompt_ids, request_id = _generate_args.read(wrapped, instance, args, kwargs)
-        params = params or {}
+        _, values = arguments(wrapped, instance, args, kwargs)
+        params = values.get("sampling_params") or {}
+        prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
         model, provider = _model_and_provider(instance)
         call = events.llm_call(
             prompt_ids or (),
@@ -59,11 +57,13 @@ async def _generate(wrapped, instance, args, kwargs):
         )
     except Exception as exc:
         health.record_failure("llm_client.generate", exc)
-        return _pop_server_meta(await wrapped(*args, **kwargs))[0]
+        output = await wrapped(*args, **kwargs)
+        _pop_server_meta(output)
+        return output
     with call as turn:
-        output, server_meta = _pop_server_meta(await wrapped(*args, **kwargs))
-        # the server wrapper's own dict, popped out of verl's data: ours to change
-        output_tokens = server_meta.pop("completion_tokens", None) if type(server_meta) is dict else None
+        output = await wrapped(*args, **kwargs)
+        server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
+        output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
         turn.finish(
             getattr(output, "token_ids", ()) or (),
             stop_reason=getattr(output, "stop_reason", None),
@@ -73,10 +73,10 @@ async def _generate(wrapped, instance, args, kwargs):
         return output
 
 
-def _pop_server_meta(output: Any) -> "tuple[Any, dict | None]":
+def _pop_server_meta(output: Any) -> "dict | None":
+    """The server's timing our server wrapper put into ``output``, taken out of verl's data."""
     extra = getattr(output, "extra_fields", None)
-    meta = extra.pop(carriers.SERVER_META_KEY, None) if isinstance(extra, dict) else None
-    return output, meta
+    return extra.pop(carriers.SERVER_META_KEY, None) if isinstance(extra, dict) else None
 
 
 def _engine_request_id(wrapped, instance, args, kwargs):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
-from otel_verl.instrumentation._args import bound, replaced
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation._args import arguments, with_argument
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Role
 
 SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
@@ -28,10 +28,10 @@ def _server_generate(provider: str):
     async def wrapper(wrapped, instance, args, kwargs):
         call = None
         try:
-            _, values = bound(wrapped, instance, args, kwargs)
+            _, values = arguments(wrapped, instance, args, kwargs)
             original, headers = carriers.untag_request_id(values.get("request_id"))
             if headers is not None:  # an untagged id comes from an untraced caller: not ours
-                args, kwargs = replaced(wrapped, instance, args, kwargs, "request_id", original)
+                args, kwargs = with_argument(wrapped, instance, args, kwargs, "request_id", original)
                 tracing.ensure(Role.LLM_SERVER)
                 call = events.llm_server_call(headers, request_id=str(original), provider=provider)
         except Exception as exc:
@@ -58,7 +58,7 @@ async def _generate_request(wrapped, instance, args, kwargs):
     server = events.current_server_call()
     if server is not None:
         try:
-            obj = args[0] if args else kwargs.get("obj")
+            obj = arguments(wrapped, instance, args, kwargs)[1].get("obj")
             if server.headers and getattr(obj, "external_trace_header", "absent") is None:
                 obj.external_trace_header = dict(server.headers)
         except Exception as exc:
@@ -70,9 +70,7 @@ async def _generate_request(wrapped, instance, args, kwargs):
 
 
 HOOKS = [
-    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT,
-         gate=STARTS),
-    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT,
-         gate=STARTS),
+    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
+    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
     Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
 ]

@@ -17,8 +17,7 @@ from typing import Any, Callable, Optional
 
 from opentelemetry import trace
 
-from otel_verl import health, settings as settings_mod
-from otel_verl.events import _core as _events_core
+from otel_verl import events, health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -29,7 +28,7 @@ ProviderForRole = Callable[[str], Optional[Any]]  # role -> TracerProvider, or N
 _lock = threading.RLock()
 _provider: Any = None  # what the events runtime reports to (None: no runtime installed here)
 _provider_for_role: Optional[ProviderForRole] = None
-_said_off = False  # provider_for_role answered None: the wrappers step aside
+_said_off = False  # provider_for_role answered None: tracing stays off here
 
 
 def _new_lock_in_child() -> None:
@@ -53,12 +52,11 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     try:
         with _lock:
-            if provider is _provider and _events_core._runtime is not None:
+            if provider is _provider and events.enabled():
                 return True
             cfg = settings if settings is not None else settings_mod.load()
             tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
-            _events_core._install(_events_core._Runtime(tracer, _id_generator(provider), cfg,
-                                                        getattr(provider, "sampler", None)))
+            events._install(events._Runtime(tracer, _id_generator(provider), cfg, getattr(provider, "sampler", None)))
             _provider = provider
             return True
     except settings_mod.ConfigError as exc:
@@ -93,10 +91,10 @@ def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
 
 
 def ensure(role: str) -> bool:
-    """Called by the wrappers that may be the first to fire in their process: whether the
-    events API reports to a provider, asking ``provider_for_role`` once when it does not."""
+    """Whether the events API reports to a provider; where it does not, the first call
+    asks ``provider_for_role(role)`` (only the wrappers know their process's role)."""
     global _said_off
-    if _events_core._runtime is not None:
+    if events.enabled():
         return True
     ask = _provider_for_role
     if ask is None or _said_off:
@@ -112,18 +110,12 @@ def ensure(role: str) -> bool:
     return use_provider(provider)
 
 
-def known_off() -> bool:
-    """No events runtime here, and none will come from a first wrapper call: wrappers
-    step aside without reading their arguments."""
-    return _events_core._runtime is None and (_provider_for_role is None or _said_off)
-
-
 def stop() -> None:
     """The events API reports nowhere (the provider is being shut down)."""
     global _provider
     with _lock:
         _provider = None
-        _events_core._install(None)
+        events._install(None)
 
 
 def flush(timeout_s: float = 30.0) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from otel_verl import events
 from otel_verl.instrumentation import _trainer, trainer_v0
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Stage
 
 SEPARATION = "verl.experimental.separation.ray_trainer"
@@ -34,7 +34,7 @@ def _fit_step(wrapped, instance, args, kwargs):
 HOOKS = [
     Hook(SEPARATION, "SeparateRayPPOTrainer.fit",
          _trainer.fit_wrapper(trainer_v0.TRAINER, trainer_v0._worker_actors, layout_of=lambda _: Layout.DISAGGREGATED.value),
-         (), COMPONENT, gate=STARTS),
+         (), COMPONENT),
     Hook(SEPARATION, "SeparateRayPPOTrainer.fit_step", _fit_step, ("batch_dict",), COMPONENT),
     Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(SEPARATION, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),

@@ -21,8 +21,8 @@ from typing import Any, List
 from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
-from otel_verl.instrumentation._args import bound, self_and_args
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation._args import arguments
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Outcome, Stage
 
 RAY_TRAINER = "verl.trainer.ppo.ray_trainer"
@@ -46,7 +46,7 @@ def _worker_actors(trainer: Any) -> List[Any]:
 def _get_gen_batch(wrapped, instance, args, kwargs):
     if not events.is_validating():
         try:
-            _, values = bound(wrapped, instance, args, kwargs)
+            _, values = arguments(wrapped, instance, args, kwargs)
             step = int(instance.global_steps)
             if _trainer.current.instance is not instance:
                 _trainer.current.bind(instance, TRAINER)
@@ -98,10 +98,10 @@ def _worker_indices(prompts: Any, n_workers: int) -> List[int]:
 
 
 async def _generate_sequences(wrapped, instance, args, kwargs):
-    manager, rest = self_and_args(instance, args)
-    prompts = rest[0] if rest else kwargs.get("prompts")
     dispatched = None
     try:
+        manager, values = arguments(wrapped, instance, args, kwargs)
+        prompts = values["prompts"]
         meta = prompts.meta_info
         validate = bool(meta.get("validate", False)) or events.is_validating()
         if not validate and "uid" in prompts.non_tensor_batch:
@@ -156,7 +156,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
     """Wrapper for a method or function that runs one batch stage on ``batch_arg`` (a DataProto)."""
 
     def ids_of(wrapped, instance, args, kwargs, result):
-        batch = bound(wrapped, instance, args, kwargs)[1].get(batch_arg)
+        batch = arguments(wrapped, instance, args, kwargs)[1].get(batch_arg)
         uids, traj_uids = _batch_ids(batch)
         if uids is None or batch.meta_info.get("validate", False):
             return None
@@ -166,7 +166,7 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
 
 
 HOOKS = [
-    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT, gate=STARTS),
+    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT),
     Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
     Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),

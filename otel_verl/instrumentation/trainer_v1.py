@@ -27,8 +27,8 @@ from typing import Any, List, Tuple
 from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
-from otel_verl.instrumentation._args import bound
-from otel_verl.instrumentation.hooks import STARTS, Hook
+from otel_verl.instrumentation._args import arguments
+from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Outcome, Stage
 
 V1 = "verl.trainer.ppo.v1"
@@ -131,7 +131,7 @@ def _generate_sequences(wrapped, instance, args, kwargs):
     prompts = None
     injected = False
     try:
-        prompts = bound(wrapped, instance, args, kwargs)[1].get("prompts")
+        prompts = arguments(wrapped, instance, args, kwargs)[1].get("prompts")
         injected = _dispatch(instance, prompts)
     except Exception as exc:
         health.record_failure("trainer_v1.generate_sequences", exc)
@@ -186,7 +186,7 @@ def _agent_names(manager: Any, prompts: Any, n: int) -> List[str]:
 
 def _sample(wrapped, instance, args, kwargs):
     try:
-        partition = bound(wrapped, instance, args, kwargs)[1].get("partition_id")
+        partition = arguments(wrapped, instance, args, kwargs)[1].get("partition_id")
     except Exception as exc:
         health.record_failure("trainer_v1.sample", exc)
         partition = None
@@ -228,7 +228,7 @@ _EVICTIONS = ((0, Outcome.EVICTED, "stale"), (1, Outcome.FILTERED, "filter_group
 def _evict_terminal_groups(wrapped, instance, args, kwargs):
     # Before the call: verl clears the groups from TransferQueue inside it.
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
+        _, values = arguments(wrapped, instance, args, kwargs)
         reasons = values.get("eviction_reasons")
         if values.get("partition_id") == "train" and reasons:
             done: set = set()
@@ -245,7 +245,7 @@ def _kv_clear(wrapped, instance, args, kwargs):
     # After training (or a critic warm-up step) fit clears the step's trajectories: any
     # of their samples still open was consumed without an actor update.
     try:
-        _, values = bound(wrapped, instance, args, kwargs)
+        _, values = arguments(wrapped, instance, args, kwargs)
         if _trainer.current.active and values.get("partition_id") == "train":
             keys = id_list(values.get("keys"))
             uids = [uid for uid, traj in zip(*ids_from_keys(keys, None)) if traj != NO_TRAJ]
@@ -262,7 +262,7 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
     """Wrapper for a v1 stage method ``(self, batch: KVBatchMeta, metrics) -> KVBatchMeta``."""
 
     def ids_of(wrapped, instance, args, kwargs, result):
-        batch = result if hasattr(result, "keys") and hasattr(result, "tags") else bound(wrapped, instance, args, kwargs)[1]["batch"]
+        batch = result if hasattr(result, "keys") and hasattr(result, "tags") else arguments(wrapped, instance, args, kwargs)[1]["batch"]
         if getattr(batch, "partition_id", "train") != "train":
             return None
         return ids_from_keys(batch.keys, batch.tags)
@@ -273,7 +273,7 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
 HOOKS = [
     Hook(TRAINER_BASE, "PPOTrainer.fit",
          _trainer.fit_wrapper(TRAINER, _worker_actors, layout_of=_layout, before_end=_end_unconsumed_samples),
-         ("agent_loop_manager",), COMPONENT, gate=STARTS),
+         ("agent_loop_manager",), COMPONENT),
     Hook(TRAINER_BASE, "marked_timer", _marked_timer, ("name",), COMPONENT),
     *[Hook(module, "marked_timer", _stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
     Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch, (), COMPONENT),
