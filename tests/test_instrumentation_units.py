@@ -169,6 +169,7 @@ class _Actor:
         return x
 
 
+@pytest.mark.verl
 def test_wrapped_methods_survive_rays_copy_of_an_actor_class():
     """``ray.remote(cls)`` makes a subclass holding the methods it finds on ``cls`` and
     cloudpickles it by value: the copy still calls our wrapper, not the bare method."""
@@ -234,6 +235,7 @@ def test_only_numeric_server_meta_becomes_server_span_attributes(make_pipeline):
     assert kept["chat m"] == {}  # on the server's span only (the turn keeps them for the JSONL)
 
 
+@pytest.mark.verl
 def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path):
     """The export process decodes and encodes with what ``text_decoder`` / ``text_encoder``
     send it: the tokenizer's own results, loaded without importing transformers."""
@@ -241,6 +243,7 @@ def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path
     import subprocess
     import sys
 
+    import torch
     from transformers import AutoTokenizer
 
     from otel_verl.demo.tiny_model import ensure_tiny_model

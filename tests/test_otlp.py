@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import struct
+from importlib.metadata import version
 from typing import Any, List
 
 import pytest
@@ -175,6 +176,8 @@ _STOCK_EXPORTER = """
 """
 
 
+@pytest.mark.skipif(tuple(int(part) for part in version("opentelemetry-sdk").split(".")[:2]) < (1, 40),
+                    reason="older SDKs' gRPC exporter retries a refused request past this test's time")
 @pytest.mark.timeout(60)
 def test_the_grpc_receiver_refuses_a_request_over_its_limit(tmp_path):
     """What the splitting is for (and that the receiver above has the limit): the stock
