@@ -46,8 +46,10 @@ def test_a_carrier_pickles_with_its_row_and_is_kept_for_its_uid_where_it_arrives
 
 
 def test_unpickling_a_carrier_imports_no_configurator():
-    # a carrier pickled by a process that only instruments (no otel_verl.activation)
-    data = pickle.dumps(carriers.TraceCarrier(carriers.headers_of(_span())))
+    # pickled by a process that only instruments (otel_verl.activation never imported there)
+    made = "import pickle, sys; from otel_verl import carriers; sys.stdout.buffer.write(pickle.dumps(" \
+           f"carriers.TraceCarrier({carriers.headers_of(_span())!r})))"
+    data = subprocess.run([sys.executable, "-c", made], capture_output=True, check=True).stdout
     code = textwrap.dedent(f"""
         import pickle, sys
         carrier = pickle.loads({data!r})

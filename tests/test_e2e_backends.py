@@ -720,9 +720,11 @@ from otel_verl import bootstrap
 assert bootstrap.configure(role="trainer")
 out = {}
 for p in bootstrap.span_processors():
-    inner = getattr(getattr(p, "batch", None), "_batch_processor", None)
+    batch = getattr(p, "batch", None)  # (the SDK's fields, private in newer versions)
+    inner = getattr(batch, "_batch_processor", batch)
     if inner is not None:
-        out[p.output] = [inner._max_queue_size, inner._max_export_batch_size]
+        out[p.output] = [getattr(inner, "_max_queue_size", getattr(inner, "max_queue_size", None)),
+                         getattr(inner, "_max_export_batch_size", getattr(inner, "max_export_batch_size", None))]
 bootstrap.shutdown()
 print(json.dumps(out))
 """
