@@ -436,7 +436,6 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     """The rollout worker's pipeline as bootstrap builds it, with the processors up to
     ``variant``. Returns the provider (installed as the events runtime)."""
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from otel_verl import bootstrap, events, settings
     from otel_verl.exporters.progress_log import ProgressLogProcessor

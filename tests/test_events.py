@@ -160,7 +160,7 @@ def test_tracing_off_every_event_is_a_no_op():
 def test_batch_stage_spans_have_the_stage_times_the_sample_parent_and_the_stage_link(seen):
     processor, pipeline = seen
     events.samples_created(["u1", "u2"], step=1, trainer="RayPPOTrainer")
-    with events.step_stage(Stage.OLD_LOG_PROB, step=1, trainer="RayPPOTrainer") as stage:
+    with events.step_stage(Stage.OLD_LOG_PROB, step=1, trainer="RayPPOTrainer"):
         events.sample_stage_done(Stage.OLD_LOG_PROB, ["u1", "u1", "u2"], ["a", "b", "c"], step=1,
                                  start_ns=1_000, trainer="RayPPOTrainer")
     events.samples_finished(["u1", "u2"], sc.Outcome.TRAINED)
