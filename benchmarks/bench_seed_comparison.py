@@ -3,7 +3,7 @@
     python benchmarks/bench_seed_comparison.py               # full size, updates docs/PERFORMANCE.md
     python benchmarks/bench_seed_comparison.py --scale ci    # reduced size (CI: checks it runs, no timing)
 
-Scenarios (issue 7): (A) one v0 step at 1024 prompts x 16 single-turn trajectories;
+Scenarios: (A) one v0 step at 1024 prompts x 16 single-turn trajectories;
 (B) 256 prompts x 8 with 4-turn tool trajectories (4 LLM turns, 3 tool calls).
 
 What runs. verl's work is stubbed (stand-in classes with verl 0.9.1's signatures: the
@@ -110,7 +110,7 @@ TARGETS = {
     "disabled_us": 1.0,
     "mem_mb": 50.0,
 }
-SEED_REFERENCE = "seed patch replayed (issue 7): 9.5 s/step at A (0.8 s trainer), 3.6 s at B, 424 us/turn, 528 us/traj"
+SEED_REFERENCE = "seed patch replayed when the comparison was set up: 9.5 s/step at A (0.8 s trainer), 3.6 s at B, 424 us/turn, 528 us/traj"
 
 
 # =========================================================================== verl stand-ins
@@ -1096,7 +1096,7 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
     av, bv = A["variants"], B["variants"]
     full = av["legacy+otlp"]
     lines = [
-        "## Tracing cost against the seed (issue 7)", "",
+        "## Tracing cost against the seed", "",
         f"Command: `{command}`", "",
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} shared cores (noisy: compare ratios within this run). "
         f"OTLP receiver: {receiver_kind}. Tokenizer for the JSONL decode (seed and otel_verl alike): {tokenizer}. "

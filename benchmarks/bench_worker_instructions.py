@@ -17,7 +17,7 @@ stub tokenizer keeps transformers out of the process (the worker only hands a
 tokenizer's functions to the export process).
 
 Instructions are not time (a tight C loop retires several a cycle, the cyclic GC's
-pointer chasing far fewer): the issue's targets stay in CPU time (bench_worker_wrappers).
+pointer chasing far fewer): the goals stay in CPU time (bench_worker_wrappers).
 """
 
 from __future__ import annotations

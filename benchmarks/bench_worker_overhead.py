@@ -41,7 +41,7 @@ Two measurements in one invocation:
    alone (``time.thread_time``). Per LLM turn = the slope between 1-turn and 8-turn
    trajectories. The seed patch's worker hooks (``bench_seed_comparison.Seed``) run the
    same trajectories in the same rounds, so otel_verl / seed is read within one run (the
-   issue's targets are 0.47x / 0.24x of the seed's cost when it was filed).
+   goals were set at 0.47x / 0.24x of the seed's cost of that time).
    ``cProfile`` of the calling thread lists the top functions.
 
 Targets: <= 100 us per LLM turn, <= 250 us per single-turn trajectory (its JSONL line
@@ -70,13 +70,13 @@ sys.path.insert(0, ROOT)
 
 TARGET_TURN_US = 100.0
 TARGET_TRAJ_US = 250.0
-# What the seed patch cost when issue 4 was filed ("replayed on this kind of machine"):
+# What the seed patch cost when these goals were set ("replayed on this kind of machine"):
 # the targets are about 0.47x / 0.24x of it. The in-process attribution replays the seed
 # in the same run, so the ratio can be read whatever the machine's speed that hour.
 ISSUE_SEED_TRAJ_US = 528.0
 ISSUE_SEED_TURN_US = 424.0
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
-DOC_SECTION = "## Rollout worker overhead (issue 4)"
+DOC_SECTION = "## Rollout worker overhead"
 TRACING_VARS_PREFIXES = ("OTEL_", "VERL_TRACE_DIR")
 
 

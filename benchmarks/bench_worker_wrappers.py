@@ -1,5 +1,5 @@
 """Rollout-worker CPU per LLM turn, per tool call and per single-turn trajectory, through
-otel_verl's real wrappers (issue 4's targets: <= 100 us per LLM turn, <= 250 us per
+otel_verl's real wrappers (the goals: <= 100 us per LLM turn, <= 250 us per
 single-turn trajectory with its JSONL line).
 
     python benchmarks/bench_worker_wrappers.py            # 1024 trajectories a round, 6 rounds

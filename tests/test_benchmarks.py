@@ -126,7 +126,7 @@ def test_worker_overhead_seed_replay_writes_the_seeds_outputs(tmp_path, monkeypa
 
 
 def test_the_wrapper_benchmark_runs_and_loses_nothing(tmp_path):
-    """bench_worker_wrappers (issue 4's per-turn figures through the real wrappers), tiny
+    """bench_worker_wrappers (the per-turn figures through the real wrappers), tiny
     size: both configurations ran, every measure is a number, no span or line was lost."""
     out = tmp_path / "wrappers.json"
     env = dict(os.environ)
