@@ -14,28 +14,16 @@
 from __future__ import annotations
 
 import contextvars
-import logging
-import os
 import time
-from importlib.metadata import entry_points
 from typing import Any, Dict, Optional, Tuple
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
-    ALWAYS_ON,
-    Decision,
-    ParentBased,
-    Sampler,
-    SamplingResult,
-    TraceIdRatioBased,
-)
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from otel_verl import health
 from otel_verl.payload import payload_of
 
-logger = logging.getLogger("otel_verl")
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
 
@@ -102,36 +90,10 @@ def record_dropped_samples(inner: Optional[Sampler] = None) -> Sampler:
     return RecordDroppedSamples(inner if inner is not None else sampler_from_env())
 
 
-_RATIO_SAMPLERS = {"traceidratio": TraceIdRatioBased, "parentbased_traceidratio": lambda rate: ParentBased(TraceIdRatioBased(rate))}
-_FIXED_SAMPLERS = {
-    "always_on": ALWAYS_ON,
-    "always_off": ALWAYS_OFF,
-    "parentbased_always_on": ParentBased(ALWAYS_ON),
-    "parentbased_always_off": ParentBased(ALWAYS_OFF),
-}
-
-
 def sampler_from_env() -> Sampler:
-    """The sampler ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` name, as the SDK
-    reads them (default ``parentbased_always_on``); a name that is not one of the
-    specification's is looked up among the ``opentelemetry_traces_sampler`` entry points.
-    An unknown name or a bad ratio falls back to the default with one warning."""
-    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
-    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG", "")
-    if name in _FIXED_SAMPLERS:
-        return _FIXED_SAMPLERS[name]
-    try:
-        if name in _RATIO_SAMPLERS:
-            rate = float(arg) if arg else 1.0
-            if not 0.0 <= rate <= 1.0:
-                raise ValueError(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio in [0, 1]")
-            return _RATIO_SAMPLERS[name](rate)
-        for entry_point in entry_points(group="opentelemetry_traces_sampler", name=name):
-            return entry_point.load()(arg)
-        raise ValueError(f"OTEL_TRACES_SAMPLER={name!r} names no known sampler")
-    except Exception as exc:  # a bad setting must not switch tracing off
-        logger.warning("otel_verl: %s; sampling with parentbased_always_on", exc)
-        return _FIXED_SAMPLERS["parentbased_always_on"]
+    """The sampler ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` name, read by the
+    SDK itself: a provider built without a sampler takes that one (public ``sampler``)."""
+    return TracerProvider(shutdown_on_exit=False).sampler
 
 
 class IsolatingSpanProcessor(SpanProcessor):
