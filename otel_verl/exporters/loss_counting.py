@@ -84,7 +84,8 @@ class LossCountingProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         if span.context.trace_flags.sampled:  # the batch processor drops the others itself
-            self.handed += 1
+            with self.exporter.lock:  # spans end on several threads: no increment lost
+                self.handed += 1
         self.batch.on_end(span)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
