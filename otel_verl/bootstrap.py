@@ -135,6 +135,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
 
     from otel_verl.instrumentation import tracing
     from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
+    from otel_verl.slim_span import SlimTracer
 
     global _processors
     _processors = IsolatingSpanProcessor()
@@ -154,7 +155,8 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
         trace.set_tracer_provider(tracer_provider)
     else:
         logger.info("otel_verl: a global TracerProvider is already installed; otel_verl keeps its own")
-    tracing.use_provider(tracer_provider, cfg)  # the events API reports to it
+    # the events API reports to it, with spans that cost a fraction of the SDK's
+    tracing.use_provider(tracer_provider, cfg, SlimTracer(tracer_provider, _processors))
     return tracer_provider
 
 

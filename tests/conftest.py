@@ -12,10 +12,13 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (otel_binaries, 
 
 
 class Pipeline:
-    """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler) with
-    the given processors and an in-memory exporter, installed as the events runtime."""
+    """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler, the
+    events API's spans started by a SlimTracer) with the given processors and an
+    in-memory exporter, installed as the events runtime. ``sdk_spans``: the events API
+    starts the SDK's own spans instead, as with a provider otel_verl did not build."""
 
-    def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None) -> None:
+    def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None,
+                 sdk_spans: bool = False) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -24,6 +27,7 @@ class Pipeline:
         from otel_verl import settings
         from otel_verl.instrumentation import tracing
         from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
+        from otel_verl.slim_span import SlimTracer
 
         self.exporter = InMemorySpanExporter()
         self.ids = UidIdGenerator()
@@ -31,7 +35,7 @@ class Pipeline:
             resource=Resource.create({"service.name": "verl", "verl.role": "trainer", "verl.run_id": "test-run"}),
             sampler=record_dropped_samples(sampler),
             id_generator=self.ids,
-            active_span_processor=IsolatingSpanProcessor(),  # as bootstrap: kinds routed per processor
+            active_span_processor=(active := IsolatingSpanProcessor()),  # as bootstrap: subjects routed per processor
         )
         self.sampler = self.provider.sampler
         self.processors: List[Any] = list(processors)
@@ -39,7 +43,8 @@ class Pipeline:
             self.provider.add_span_processor(p)
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.settings = settings.load(env or {"OTEL_VERL_ENABLED": "1"})
-        assert tracing.use_provider(self.provider, self.settings)
+        assert tracing.use_provider(self.provider, self.settings,
+                                    None if sdk_spans else SlimTracer(self.provider, active))
 
     def spans(self):
         return self.exporter.get_finished_spans()
@@ -56,11 +61,13 @@ class Pipeline:
 
 @pytest.fixture
 def make_pipeline():
-    """``make_pipeline([processors], env=None, sampler=None) -> Pipeline``; closed after the test."""
+    """``make_pipeline([processors], env=None, sampler=None, sdk_spans=False) -> Pipeline``;
+    closed after the test."""
     made: List[Pipeline] = []
 
-    def factory(processors: Iterable[Any] = (), env: dict | None = None, sampler: Any = None) -> Pipeline:
-        pipeline = Pipeline(processors, env, sampler)
+    def factory(processors: Iterable[Any] = (), env: dict | None = None, sampler: Any = None,
+                sdk_spans: bool = False) -> Pipeline:
+        pipeline = Pipeline(processors, env, sampler, sdk_spans)
         made.append(pipeline)
         return pipeline
 

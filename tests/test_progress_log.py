@@ -40,6 +40,7 @@ class SpanClock:
 def span_clock(monkeypatch):
     fake = SpanClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
+    monkeypatch.setattr("otel_verl.slim_span.time_ns", fake)
     return fake
 
 

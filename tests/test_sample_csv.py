@@ -35,19 +35,21 @@ class FakeClock:
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
+    monkeypatch.setattr("otel_verl.slim_span.time_ns", fake)
     monkeypatch.setattr("otel_verl.events._core._now_ns", fake)
     return fake
 
 
-@pytest.fixture
-def csv_proc(make_pipeline, tmp_path, monkeypatch):
-    """``csv_proc(**kwargs) -> (processor, pipeline)``, discovery file kept in tmp_path."""
+@pytest.fixture(params=[False, True], ids=["slim_spans", "sdk_spans"])
+def csv_proc(make_pipeline, tmp_path, monkeypatch, request):
+    """``csv_proc(**kwargs) -> (processor, pipeline)``, discovery file kept in tmp_path;
+    every test runs with the events API on SlimSpans and on the SDK's spans."""
     monkeypatch.delenv("DLC_JOB_ID", raising=False)
 
     def factory(env=None, **kwargs):
         kwargs.setdefault("discovery_path", str(tmp_path / "discovery.txt"))
         proc = SampleCsvProcessor(str(tmp_path / "trace"), **kwargs)
-        return proc, make_pipeline([proc], env=env)
+        return proc, make_pipeline([proc], env=env, sdk_spans=request.param)
 
     return factory
 

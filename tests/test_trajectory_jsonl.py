@@ -120,11 +120,12 @@ def clock(monkeypatch):
     return c
 
 
-@pytest.fixture
-def traj_dir(tmp_path, make_pipeline):
-    """(processor, trace_dir, pipeline): a pipeline with only the JSONL processor."""
+@pytest.fixture(params=[False, True], ids=["slim_spans", "sdk_spans"])
+def traj_dir(tmp_path, make_pipeline, request):
+    """(processor, trace_dir, pipeline): a pipeline with only the JSONL processor, the
+    events API on SlimSpans or on the SDK's spans."""
     proc = TrajectoryJsonlProcessor(str(tmp_path), discovery_path=str(tmp_path / "discovery.txt"))
-    pipeline = make_pipeline([proc])
+    pipeline = make_pipeline([proc], sdk_spans=request.param)
     return proc, tmp_path, pipeline
 
 

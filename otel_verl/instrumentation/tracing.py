@@ -40,8 +40,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
-def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Settings] = None) -> bool:
-    """Make the events API report to ``tracer_provider`` (the global one when ``None``).
+def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Settings] = None,
+                 tracer: Optional[trace.Tracer] = None) -> bool:
+    """Make the events API report to ``tracer_provider`` (the global one when ``None``),
+    starting its spans with ``tracer`` (default: the provider's tracer; a configurator that
+    built the provider hands over a :class:`otel_verl.slim_span.SlimTracer` of it).
 
     ``settings`` (otel_verl's own switches: open-sample bound, validation, message
     content) are read from the environment when not given. Handing over the provider
@@ -55,7 +58,8 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
             if provider is _provider and events.enabled():
                 return True
             cfg = settings if settings is not None else settings_mod.load()
-            tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
+            if tracer is None:
+                tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
             events._install(events._Runtime(tracer, _id_generator(provider), cfg, getattr(provider, "sampler", None)))
             _provider = provider
             return True

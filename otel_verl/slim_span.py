@@ -1,0 +1,281 @@
+"""A span type of otel_verl's own, for the events API when otel_verl built the TracerProvider.
+
+A rollout worker starts a span per LLM turn, tool call and trajectory on its event loop,
+with a thousand or more trajectories in flight. The SDK's span holds about twelve objects
+the cyclic GC tracks (locks, bounded attribute and event containers) and cleans every
+attribute through abstract-base checks; with that many spans open, full collections over
+the whole worker heap come several times a step (see docs/PERFORMANCE.md). A
+:class:`SlimSpan` keeps its attributes in one dict and allocates nothing else it need not.
+
+It is a whole implementation of the API's :class:`opentelemetry.trace.Span`. Span
+processors get the :class:`SlimSpan` itself in ``on_start`` (it reads like a
+``ReadableSpan``) and, in ``on_end``, a ``ReadableSpan`` made by its public constructor.
+The tracer is only used with a provider otel_verl configured: it needs the provider's
+span processor, which the provider does not hand out. A provider someone else built gets
+the SDK's own spans (see :func:`otel_verl.instrumentation.tracing.use_provider`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from time import time_ns
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_verl import health
+from otel_verl.semconv import INSTRUMENTATION_NAME
+from otel_verl.version import __version__
+
+# W3C Trace Context level 2: the trace id is random (the SDK sets it from 1.39 on)
+_RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
+# shared: a TraceFlags per span would be one more object for the GC
+_FLAGS = {bits: TraceFlags(bits) for bits in (0, TraceFlags.SAMPLED, _RANDOM, TraceFlags.SAMPLED | _RANDOM)}
+_UNSET = Status(StatusCode.UNSET)
+_SCALARS = (str, bool, int, float)
+
+
+class SlimTracer(trace.Tracer):
+    """Starts :class:`SlimSpan` s with a provider's resource, sampler and id generator,
+    and hands them to ``span_processor`` (the provider's active span processor)."""
+
+    def __init__(self, provider: Any, span_processor: Any, limits: Optional[SpanLimits] = None) -> None:
+        self.resource = provider.resource
+        self.sampler = provider.sampler
+        self.ids = provider.id_generator
+        self.processor = span_processor
+        self.scope = InstrumentationScope(INSTRUMENTATION_NAME, __version__)
+        self.limits = limits if limits is not None else SpanLimits()  # OTEL_SPAN_*_LIMIT as the SDK reads them
+
+    def start_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Optional[Sequence[Link]] = None,
+        start_time: Optional[int] = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            trace_id, random = parent.trace_id, parent.trace_flags & _RANDOM
+        else:
+            parent, trace_id = None, self.ids.generate_trace_id()
+            random = _RANDOM if _RANDOM and self.ids.is_trace_id_random() else 0
+        links = tuple(links) if links else ()
+        sampled = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+        decision = sampled.decision
+        flags = _FLAGS[(TraceFlags.SAMPLED if decision.is_sampled() else 0) | random]
+        span_context = SpanContext(trace_id, self.ids.generate_span_id(), False, flags, sampled.trace_state)
+        if not decision.is_recording():
+            return trace.NonRecordingSpan(span_context)
+        span = SlimSpan(self, name, span_context, parent, kind, links, start_time or time_ns(),
+                        record_exception, set_status_on_exception)
+        if sampled.attributes:
+            span.set_attributes(sampled.attributes)
+        self.processor.on_start(span, parent_context=context)
+        return span
+
+    @contextlib.contextmanager
+    def start_as_current_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Optional[Sequence[Link]] = None,
+        start_time: Optional[int] = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> Iterator[trace.Span]:
+        span = self.start_span(name, context, kind, attributes, links, start_time, record_exception,
+                               set_status_on_exception)
+        with trace.use_span(span, end_on_exit=end_on_exit, record_exception=record_exception,
+                            set_status_on_exception=set_status_on_exception) as current:
+            yield current
+
+
+class SlimSpan(trace.Span):
+    """A recording span of :class:`SlimTracer`. Attribute values are kept as OTLP can carry
+    them: strings (cut at the span limit), bools, ints, floats, and sequences of those."""
+
+    __slots__ = ("_tracer", "_name", "_context", "_parent", "_kind", "_attributes", "_events", "_links",
+                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception")
+
+    def __init__(self, tracer: SlimTracer, name: str, context: SpanContext, parent: Optional[SpanContext],
+                 kind: SpanKind, links: Sequence[Link], start_time: int, record_exception: bool = True,
+                 set_status_on_exception: bool = True) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes: dict = {}
+        self._events: Any = ()
+        self._links = links[: tracer.limits.max_links] if tracer.limits.max_links is not None else links
+        self._status = _UNSET
+        self._start_time = start_time
+        self._end_time: Optional[int] = None
+        self._record_exception = record_exception
+        self._set_status_on_exception = set_status_on_exception
+
+    # ------------------------------------------------------------------ the API's Span
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end_time is not None:
+            return
+        attributes = self._attributes
+        if key not in attributes:
+            limit = self._tracer.limits.max_span_attributes
+            if limit is not None and len(attributes) >= limit:
+                health.record_dropped("span_attributes", 1, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
+                return
+        value = self._attribute_value(value)
+        if value is not None:
+            attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def _attribute_value(self, value: Any) -> Any:
+        if type(value) is str:
+            limit = self._tracer.limits.max_span_attribute_length
+            return value if limit is None or len(value) <= limit else value[:limit]
+        if isinstance(value, _SCALARS):
+            return value
+        if isinstance(value, (list, tuple)):
+            items = tuple(self._attribute_value(item) for item in value)
+            return items if None not in items else None
+        return None if value is None else str(value)  # as the SDK does with other types
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:
+        if self._end_time is not None:
+            return
+        limit = self._tracer.limits.max_events
+        if limit is not None and len(self._events) >= limit:
+            health.record_dropped("span_events", 1, "OTEL_SPAN_EVENT_COUNT_LIMIT")
+            return
+        event = Event(name, dict(attributes) if attributes else None, timestamp or time_ns())
+        self._events = (*self._events, event)
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        if self._end_time is not None or not context.is_valid:
+            return
+        limit = self._tracer.limits.max_links
+        if limit is not None and len(self._links) >= limit:
+            health.record_dropped("span_links", 1, "OTEL_SPAN_LINK_COUNT_LIMIT")
+            return
+        self._links = (*self._links, Link(context, attributes))
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
+
+    def set_status(self, status: Any, description: Optional[str] = None) -> None:
+        if self._end_time is not None or self._status.status_code is StatusCode.OK:
+            return  # OK is final, as the specification says
+        if not isinstance(status, Status):
+            status = Status(status, description)
+        if status.status_code is not StatusCode.UNSET:
+            self._status = status
+
+    def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: Optional[int] = None,
+                         escaped: bool = False) -> None:
+        event = {
+            "exception.type": type(exception).__name__,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(type(exception), exception,
+                                                                      exception.__traceback__)),
+            "exception.escaped": str(escaped),
+        }
+        if attributes:
+            event.update(attributes)
+        self.add_event("exception", event, timestamp)
+
+    def end(self, end_time: Optional[int] = None) -> None:
+        if self._end_time is not None:
+            return
+        self._end_time = end_time or time_ns()
+        tracer = self._tracer
+        tracer.processor.on_end(ReadableSpan(
+            name=self._name, context=self._context, parent=self._parent, resource=tracer.resource,
+            attributes=self._attributes, events=self._events, links=self._links, kind=self._kind,
+            status=self._status, start_time=self._start_time, end_time=self._end_time,
+            instrumentation_scope=tracer.scope,
+        ))
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and self.is_recording():
+            if self._record_exception:
+                self.record_exception(exc, escaped=True)
+            if self._set_status_on_exception:
+                self.set_status(Status(StatusCode.ERROR, f"{exc_type.__name__}: {exc}"))
+        super().__exit__(exc_type, exc, tb)
+
+    # ------------------------------------------------------------------ read like a ReadableSpan (on_start)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def context(self) -> SpanContext:
+        return self._context
+
+    @property
+    def parent(self) -> Optional[SpanContext]:
+        return self._parent
+
+    @property
+    def kind(self) -> SpanKind:
+        return self._kind
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._attributes)
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return self._events
+
+    @property
+    def links(self) -> Sequence[Link]:
+        return self._links
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    @property
+    def start_time(self) -> int:
+        return self._start_time
+
+    @property
+    def end_time(self) -> Optional[int]:
+        return self._end_time
+
+    # What a limit dropped is counted in otel_verl's health counters, not on the span.
+    dropped_attributes = dropped_events = dropped_links = 0
+
+    @property
+    def resource(self) -> Any:
+        return self._tracer.resource
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self._tracer.scope

@@ -1,0 +1,160 @@
+"""SlimTracer / SlimSpan: the API's Span, handed to a provider's processors as the SDK's
+span would be, with the provider's sampler, ids and resource, and the span limits."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from otel_verl import health
+from otel_verl.semconv import INSTRUMENTATION_NAME
+from otel_verl.slim_span import SlimSpan, SlimTracer
+
+
+class Starts(SpanProcessor):
+    """What ``on_start`` saw."""
+
+    def __init__(self) -> None:
+        self.seen: List[Any] = []
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        self.seen.append((type(span), span.name, dict(span.attributes), span.parent is not None, span.kind))
+
+
+class Pipeline:
+    """A provider and a SlimTracer of it feeding the same processors, so that a span the
+    SDK starts and one the SlimTracer starts can be compared."""
+
+    def __init__(self, sampler: Any = None, limits: Any = None) -> None:
+        self.starts, self.exporter = Starts(), InMemorySpanExporter()
+        processors = SynchronousMultiSpanProcessor()
+        processors.add_span_processor(self.starts)
+        processors.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.provider = TracerProvider(resource=Resource.create({"service.name": "t"}), sampler=sampler,
+                                       active_span_processor=processors)
+        self.sdk = self.provider.get_tracer(INSTRUMENTATION_NAME)
+        self.slim = SlimTracer(self.provider, processors, limits)
+
+    def ended(self) -> List[Any]:
+        return list(self.exporter.get_finished_spans())
+
+
+def _scenario(tracer: Any) -> None:
+    parent = tracer.start_span("parent", kind=SpanKind.SERVER, attributes={"a": 1})
+    ctx = trace.set_span_in_context(parent)
+    linked = SpanContext(7, 8, True, TraceFlags(TraceFlags.SAMPLED))
+    child = tracer.start_span("child", context=ctx, kind=SpanKind.CLIENT, links=[Link(linked, {"l": "x"})],
+                              attributes={"s": "text", "f": 0.5, "b": True, "seq": ["x", "y"], "n": (1, 2)})
+    child.set_attribute("late", 3)
+    child.set_attributes({"later": "v"})
+    child.add_event("ev", {"k": "v"}, timestamp=123)
+    child.update_name("child renamed")
+    child.set_status(Status(StatusCode.ERROR, "bad"))
+    child.end(end_time=time.time_ns() + 1000)
+    parent.end()
+
+
+def _comparable(span: Any) -> tuple:
+    return (span.name, span.kind, dict(span.attributes), [(e.name, dict(e.attributes), e.timestamp) for e in span.events],
+            [(link.context, dict(link.attributes)) for link in span.links], span.status.status_code,
+            span.status.description, span.resource, span.instrumentation_scope.name,
+            span.parent is not None, span.context.trace_flags)
+
+
+def test_processors_get_what_an_sdk_span_gives_them():
+    pipeline = Pipeline()
+    _scenario(pipeline.sdk)
+    _scenario(pipeline.slim)
+    sdk, slim = pipeline.ended()[:2], pipeline.ended()[2:]
+    assert [_comparable(s) for s in slim] == [_comparable(s) for s in sdk]
+    child, parent = slim
+    assert child.parent.span_id == parent.context.span_id and child.context.trace_id == parent.context.trace_id
+    assert child.start_time <= child.end_time
+    # on_start saw a SlimSpan with its name, start attributes and parent, as it sees the SDK's
+    starts = pipeline.starts.seen
+    assert [s[1:] for s in starts[2:]] == [s[1:] for s in starts[:2]]
+    assert starts[2][0] is SlimSpan
+
+
+def test_the_providers_sampler_and_ids_decide():
+    pipeline = Pipeline(sampler=ParentBased(ALWAYS_OFF))
+    span = pipeline.slim.start_span("dropped")
+    assert not span.is_recording() and not span.get_span_context().trace_flags.sampled
+    span.set_attribute("x", 1)
+    span.end()
+    assert pipeline.ended() == [] and pipeline.starts.seen == []
+    # a sampled remote parent is followed: same trace, recorded
+    remote = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED))
+    child = pipeline.slim.start_span("child", context=trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+    child.end()
+    (ended,) = pipeline.ended()
+    assert ended.context.trace_id == 0xABC and ended.parent.span_id == 0xDEF
+
+
+def test_a_span_ends_once_and_changes_nothing_after():
+    pipeline = Pipeline()
+    span = pipeline.slim.start_span("once")
+    span.end()
+    span.set_attribute("after", 1)
+    span.add_event("after")
+    span.set_status(StatusCode.ERROR)
+    span.end()
+    (ended,) = pipeline.ended()
+    assert dict(ended.attributes) == {} and ended.events == () and ended.status.status_code is StatusCode.UNSET
+    assert not span.is_recording()
+
+
+def test_values_are_kept_as_otlp_carries_them():
+    pipeline = Pipeline()
+    span = pipeline.slim.start_span("values", attributes={"list": [1, 2], "obj": object.__class__, "none": None})
+    span.end()
+    (ended,) = pipeline.ended()
+    assert ended.attributes["list"] == (1, 2)
+    assert ended.attributes["obj"] == str(type)  # other types as their text, as the SDK does
+    assert "none" not in ended.attributes
+
+
+def test_span_limits_apply_and_what_they_drop_is_counted():
+    pipeline = Pipeline(limits=SpanLimits(max_span_attributes=2, max_span_attribute_length=4, max_events=1))
+    span = pipeline.slim.start_span("limited", attributes={"a": "abcdefgh", "b": 2})
+    span.set_attribute("c", 3)
+    span.set_attribute("b", 5)  # an existing key is still set
+    span.add_event("one")
+    span.add_event("two")
+    span.end()
+    (ended,) = pipeline.ended()
+    assert dict(ended.attributes) == {"a": "abcd", "b": 5}
+    assert [e.name for e in ended.events] == ["one"]
+    dropped = health.snapshot()["dropped"]
+    assert dropped == {"span_attributes": 1, "span_events": 1}
+
+
+def test_status_ok_is_final():
+    pipeline = Pipeline()
+    span = pipeline.slim.start_span("ok")
+    span.set_status(StatusCode.OK)
+    span.set_status(Status(StatusCode.ERROR, "late"))
+    span.end()
+    assert pipeline.ended()[0].status.status_code is StatusCode.OK
+
+
+def test_start_as_current_span_records_what_the_block_raises():
+    pipeline = Pipeline()
+    with pytest.raises(ValueError):
+        with pipeline.slim.start_as_current_span("block") as span:
+            assert trace.get_current_span() is span
+            raise ValueError("boom")
+    (ended,) = pipeline.ended()
+    assert ended.status.status_code is StatusCode.ERROR and ended.status.description == "ValueError: boom"
+    (event,) = ended.events
+    assert event.name == "exception" and event.attributes["exception.type"] == "ValueError"
+    assert "boom" in event.attributes["exception.stacktrace"]
