@@ -37,6 +37,7 @@ _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)
 # shared: a TraceFlags per span would be one more object for the GC
 _FLAGS = {bits: TraceFlags(bits) for bits in (0, TraceFlags.SAMPLED, _RANDOM, TraceFlags.SAMPLED | _RANDOM)}
 _UNSET = Status(StatusCode.UNSET)
+_NUMBERS = frozenset((bool, int, float))
 _SCALARS = (str, bool, int, float)
 
 
@@ -103,6 +104,20 @@ class SlimTracer(trace.Tracer):
             yield current
 
 
+def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
+    """``value`` as an OTLP attribute can carry it: subclasses of str, bool, int, float as
+    they are, sequences of those as a tuple, ``None`` for nothing, anything else as its
+    text (as the SDK does)."""
+    if isinstance(value, str):
+        return value if max_length is None or len(value) <= max_length else value[:max_length]
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = tuple(_otlp_value(item, max_length) for item in value)
+        return items if None not in items else None
+    return None if value is None else str(value)
+
+
 class SlimSpan(trace.Span):
     """A recording span of :class:`SlimTracer`. Attribute values are kept as OTLP can carry
     them: strings (cut at the span limit), bools, ints, floats, and sequences of those."""
@@ -136,32 +151,30 @@ class SlimSpan(trace.Span):
         return self._end_time is None
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self._end_time is not None:
-            return
-        attributes = self._attributes
-        if key not in attributes:
-            limit = self._tracer.limits.max_span_attributes
-            if limit is not None and len(attributes) >= limit:
-                health.record_dropped("span_attributes", 1, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
-                return
-        value = self._attribute_value(value)
-        if value is not None:
-            attributes[key] = value
+        self._set(((key, value),))
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
+        self._set(attributes.items())
 
-    def _attribute_value(self, value: Any) -> Any:
-        if type(value) is str:
-            limit = self._tracer.limits.max_span_attribute_length
-            return value if limit is None or len(value) <= limit else value[:limit]
-        if isinstance(value, _SCALARS):
-            return value
-        if isinstance(value, (list, tuple)):
-            items = tuple(self._attribute_value(item) for item in value)
-            return items if None not in items else None
-        return None if value is None else str(value)  # as the SDK does with other types
+    def _set(self, items: Any) -> None:
+        # One loop for all of a span's attributes: a method call per attribute would cost
+        # more than storing it.
+        if self._end_time is not None:
+            return
+        attributes, limits = self._attributes, self._tracer.limits
+        max_count, max_length = limits.max_span_attributes, limits.max_span_attribute_length
+        for key, value in items:
+            if type(value) is str:
+                if max_length is not None and len(value) > max_length:
+                    value = value[:max_length]
+            elif type(value) not in _NUMBERS:
+                value = _otlp_value(value, max_length)
+                if value is None:
+                    continue
+            if max_count is not None and len(attributes) >= max_count and key not in attributes:
+                health.record_dropped("span_attributes", 1, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
+                continue
+            attributes[key] = value
 
     def add_event(self, name: str, attributes: Any = None, timestamp: Optional[int] = None) -> None:
         if self._end_time is not None:

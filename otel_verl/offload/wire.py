@@ -36,6 +36,7 @@ output reads there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 import struct
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -46,6 +47,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from otel_verl.payload import Payload, TrajectoryData, TurnData
 from otel_verl.semconv import Subject
@@ -305,10 +307,12 @@ def _sent_data(payload: Optional[Payload], started: bool,
 
 
 def _context(context: SpanContext) -> ContextSnapshot:
+    state = context.trace_state
     return ContextSnapshot(context.trace_id, context.span_id, context.is_remote, int(context.trace_flags),
-                           tuple(context.trace_state.items()) if context.trace_state else ())
+                           () if state is DEFAULT_TRACE_STATE or not state else tuple(state.items()))
 
 
+@functools.lru_cache(maxsize=64)  # spans share a handful of scopes
 def _scope(scope: InstrumentationScope) -> ScopeSnapshot:
     attributes = scope.attributes
     return ScopeSnapshot(scope.name, scope.version, scope.schema_url or "",
