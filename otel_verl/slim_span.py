@@ -120,7 +120,8 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
 
 class SlimSpan(trace.Span):
     """A recording span of :class:`SlimTracer`. Attribute values are kept as OTLP can carry
-    them: strings (cut at the span limit), bools, ints, floats, and sequences of those."""
+    them: strings (cut at the span limit), bools, ints, floats, and sequences of those.
+    It takes no lock: the events API changes and ends each span from one place at a time."""
 
     __slots__ = ("_tracer", "_name", "_context", "_parent", "_kind", "_attributes", "_events", "_links",
                  "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception")
@@ -135,7 +136,11 @@ class SlimSpan(trace.Span):
         self._kind = kind
         self._attributes: dict = {}
         self._events: Any = ()
-        self._links = links[: tracer.limits.max_links] if tracer.limits.max_links is not None else links
+        max_links = tracer.limits.max_links
+        if max_links is not None and len(links) > max_links:
+            health.record_dropped("span_links", len(links) - max_links, "OTEL_SPAN_LINK_COUNT_LIMIT")
+            links = links[:max_links]
+        self._links = links
         self._status = _UNSET
         self._start_time = start_time
         self._end_time: Optional[int] = None
