@@ -182,12 +182,25 @@ class BackgroundWriter:
                 self._idle.set()
 
     def _append(self, path: str, text: str, n_lines: int) -> None:
+        # Whatever the lines hold, they are written or counted, and the thread goes on.
         try:
-            append_whole(self._fd(path), text.encode("utf-8"))
+            append_whole(self._fd(path), self._utf8(text))
             self.written_lines += n_lines
         except OSError as exc:
             self._forget_fd(path)
             self._count_dropped(n_lines, f"{path}: {exc.strerror or exc}")
+        except Exception as exc:
+            health.record_failure(f"{self.output}.write", exc)
+            self._count_dropped(n_lines, f"{path}: {type(exc).__name__}")
+
+    def _utf8(self, text: str) -> bytes:
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (json.loads makes one of "\ud800", and a model picks tool
+            # names): written as U+FFFD, as a decoder would show the bytes it cannot read.
+            health.record_failures(f"{self.output}.lone_surrogate", 1, "(written as U+FFFD)")
+            return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
     def _fd(self, path: str) -> int:
         fd = self._fds.get(path)
