@@ -6,6 +6,7 @@ Time is a controllable clock patched into ``otel_verl.events`` so lines are exac
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import time
 import types
 from typing import Any, Dict, List
 
+import numpy as np
 import pytest
 
 from otel_verl import events, health
@@ -575,6 +577,21 @@ def test_metrics_that_json_cannot_encode_are_stringified_not_lost(clock, traj_di
     proc.force_flush()
     [t] = read_trajectories(trace_dir)
     assert t["raw_message"]["agent_metrics"] == {"weird": "odd"}
+
+
+def test_nan_and_infinity_are_written_as_null_and_counted(clock, traj_dir):
+    proc, trace_dir, _ = traj_dir
+    run_single_turn(clock, CharTokenizer(), server_meta={"e2e_latency": float("inf")},
+                    metrics={"nan": float("nan"), "arr": np.array([1.0, np.nan]), "ok": 0.5})
+    proc.force_flush()
+    with open(glob.glob(os.path.join(str(trace_dir), "trajectory", "*.jsonl"))[0], encoding="utf-8") as f:
+        line = f.read()
+    outer = json.loads(line)
+    json.loads(outer["raw_message"], parse_constant=pytest.fail)  # no NaN / Infinity tokens
+    [t] = read_trajectories(trace_dir)
+    assert t["raw_message"]["agent_metrics"] == {"nan": None, "arr": [1.0, None], "ok": 0.5, "reward_score": 1.0}
+    assert t["raw_message"]["turns"][0]["sglang_time_ms"] is None
+    assert health.snapshot()["failures"] == {"trajectory_jsonl.non_finite": 1}
 
 
 # --------------------------------------------------------------------------- threads, files

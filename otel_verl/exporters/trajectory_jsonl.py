@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -151,7 +152,7 @@ def trajectory_line(data: TrajectoryData) -> str:
         "agent_metrics": dict(data.agent_metrics) if data.agent_metrics is not None else None,
     }
     outer = {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid),
-             "raw_message": json.dumps(rest, ensure_ascii=False, default=_jsonable)}
+             "raw_message": _json(rest)}
     return json.dumps(outer, ensure_ascii=False)
 
 
@@ -258,6 +259,27 @@ def _decode(decode: _Decode, ids: Any) -> Optional[str]:
     except Exception as exc:  # UnsentTokens too: a prompt id that was not kept
         health.record_failure(f"{_OUTPUT}.decode", exc)
         return None
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON text, NaN and infinities (which JSON has not) as null."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_jsonable, allow_nan=False)
+    except ValueError:
+        health.record_failures(f"{_OUTPUT}.non_finite", 1, "(a NaN or infinity written as null)")
+        return json.dumps(_finite(value), ensure_ascii=False, default=_jsonable, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if value is None or isinstance(value, (str, int)):
+        return value
+    return _finite(_jsonable(value))  # numpy values and arrays may hold NaN too
 
 
 def _jsonable(value: Any) -> Any:
