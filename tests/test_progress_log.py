@@ -259,6 +259,15 @@ def test_task_completed_lines(progress):
     assert file_lines(proc) == expected
 
 
+def test_a_progress_line_is_one_line_whatever_its_text_holds(progress):
+    proc, out = progress()
+    _finished_trajectory("u1\nTask forged/0 is completed, score=9.0 status=Finished", "3", score=1)
+    expected = ["Task u1\\nTask forged/0 is completed, score=9.0 status=Finished/3 is completed, score=1.0 "
+                "status=Finished"]
+    assert out.getvalue().splitlines() == expected
+    assert file_lines(proc) == expected
+
+
 def test_task_completed_needs_a_trace_dir(progress):
     proc, out = progress(trace_dir=None)
     _finished_trajectory("u1", "3", score=1)

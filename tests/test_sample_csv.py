@@ -13,6 +13,7 @@ import socket
 import pytest
 
 from otel_verl import events, health
+from otel_verl.exporters._writer import one_line
 from otel_verl.exporters.sample_csv import Rows, SampleCsvProcessor, render_rows
 from otel_verl.semconv import Stage
 
@@ -185,7 +186,8 @@ def test_content_omits_empty_detail():
 @pytest.mark.parametrize("job_id", ["dlc-1", 'job,"x"'])
 @pytest.mark.parametrize("uid", ["92ee95cb-f14d-4a51-92a5-9a2a0f88d1d5", "a,b", 'q"uote', "line\nbreak", "cr\r", ""])
 def test_rendering_equals_csv_writer(job_id, uid):
-    """render_rows puts rows together from quoted cells; the bytes must be csv.writer's."""
+    """render_rows puts rows together from quoted cells; the bytes must be csv.writer's
+    (of the cells with their control characters escaped)."""
     import io
 
     groups = [
@@ -202,8 +204,30 @@ def test_rendering_equals_csv_writer(job_id, uid):
         status = "COMPLETE" if rows.stage == "TRAIN_UPDATE" else "RUNNING"
         for traj in rows.trajs:
             sid = f"{uid}/{traj}" if str(traj).isdigit() else f"{uid}/sample"
-            writer.writerow([job_id, "sample", sid, status, rows.ts_ns // 1_000_000, rows.content()])
+            writer.writerow([one_line(job_id), "sample", one_line(sid), status, rows.ts_ns // 1_000_000,
+                             one_line(rows.content())])
     assert render_rows(job_id, groups) == expected.getvalue()
+
+
+def test_a_row_is_one_line_whatever_its_text_holds(csv_proc, clock):
+    """A uid or a model's tool name with line breaks cannot forge a row for a reader that
+    takes one record per line."""
+    proc, _ = csv_proc()
+    forged = "u1\nENV,sample,x/0,COMPLETE,1,from=A"
+    with events.trajectory(forged, "0", step=1, agent_name="tool_agent"):
+        with events.agent_run("ToolAgentLoop"):
+            with events.tool_call("calc\r\n\x1b[2Jnext\u2028"):
+                pass
+    assert proc.force_flush()
+    with open(proc.path, "rb") as f:
+        lines = f.read().split(b"\r\n")
+    assert lines[-1] == b"" and len(lines) - 1 == len(read_rows(proc)) == 3
+    for line in lines[:-1]:  # each line read alone is one whole record, none of them forged
+        (record,) = csv.reader([line.decode("utf-8")])
+        assert len(record) == 6 and record[3] == "RUNNING"
+    rows = read_rows(proc)
+    assert {r["sample_id"] for r in rows} == {"u1\\nENV,sample,x/0,COMPLETE,1,from=A/0"}
+    assert rows[1]["content"].endswith("detail=tool_executed_name=calc\\r\\n\\x1b[2Jnext\\u2028")
 
 
 def test_detail_with_comma_and_quote_is_csv_quoted(csv_proc, clock, tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import threading
 import time
 import weakref
@@ -227,6 +228,20 @@ class BackgroundWriter:
     def _count_dropped(self, n_lines: int, reason: str) -> None:
         self.dropped_lines += n_lines
         health.record_dropped(self.output, n_lines, reason)
+
+
+# Characters that end a line for some reader (log shippers read one record per line)
+# or that a terminal acts on.
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with its control characters and line separators written as Python
+    escapes (``\\n``, ``\\x1b``, ``\\u2028``), so that a record is always one line
+    whatever a uid or a model's tool name holds."""
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def append_whole(fd: int, data: bytes) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, one_line, write_discovery_file
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject, Layout, Stage
 
@@ -210,7 +210,7 @@ class ProgressLogProcessor(SpanProcessor):
     def _emit(self, lines: List[str]) -> None:
         if not lines:
             return
-        text = "\n".join(lines) + "\n"
+        text = "\n".join(map(one_line, lines)) + "\n"
         try:
             out = self._stdout if self._stdout is not None else sys.stdout
             out.write(text)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, one_line, output_pid, write_discovery_file
 from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Subject, Stage
 
@@ -64,7 +64,7 @@ class Rows:
         """The seed's opt-in ``[FLOW_TRACE]`` stdout lines for these rows."""
         iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.ts_ns / 1e9))
         tail = " | ".join(self.fields())
-        return [f"[FLOW_TRACE] {iso} | uid={self.uid} | traj_uid={traj} | {tail}" for traj in self.trajs]
+        return [one_line(f"[FLOW_TRACE] {iso} | uid={self.uid} | traj_uid={traj} | {tail}") for traj in self.trajs]
 
 
 def sample_id(uid: str, traj: Any) -> str:
@@ -82,16 +82,18 @@ def csv_cell(text: str) -> str:
 
 
 def render_rows(job_id: str, groups: Sequence[Rows]) -> str:
-    """The CSV text of ``groups``: the bytes ``csv.writer`` writes, row by row.
+    """The CSV text of ``groups``: the bytes ``csv.writer`` writes, row by row, with the
+    control characters of every cell escaped (:func:`one_line`): a row is one line.
 
     Put together from quoted cells rather than by ``csv.writer``, which would double
     the CPU of a batch stage's rows (``benchmarks/bench_legacy_exporters.py``)."""
-    head = f"{csv_cell(job_id)},sample,"
+    head = f"{csv_cell(one_line(job_id))},sample,"
     lines: List[str] = []
     for rows in groups:
         status = "COMPLETE" if rows.stage in COMPLETE_STAGES else "RUNNING"
-        tail = f",{status},{rows.ts_ns // 1_000_000},{csv_cell(rows.content())}\r\n"
-        lines.extend(f"{head}{csv_cell(sample_id(rows.uid, traj))}{tail}" for traj in rows.trajs)
+        tail = f",{status},{rows.ts_ns // 1_000_000},{csv_cell(one_line(rows.content()))}\r\n"
+        uid = one_line(rows.uid)  # once a group: the trajs of sample ids are digits or "sample"
+        lines.extend(f"{head}{csv_cell(sample_id(uid, traj))}{tail}" for traj in rows.trajs)
     return "".join(lines)
 
 
