@@ -1,8 +1,10 @@
-"""otel_verl's own failures and losses: counted, readable, reported once.
+"""otel_verl's own failures and losses: counted, readable, reported as they go.
 
 Tracing never raises into training. Whatever goes wrong inside otel_verl (a wrapper, a
 processor, a writer that cannot keep up, a full disk) is counted here under a name and
-logged once per name; nothing is dropped without a counter saying so.
+logged the first time per name; while more is counted, the totals so far are logged again
+at most every ``REPORT_INTERVAL_S``, so a loss shows in a long run's log before its end.
+Nothing is dropped without a counter saying so.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable, Dict, TypeVar
 
@@ -19,16 +22,26 @@ _lock = threading.Lock()
 _failures: Counter = Counter()  # where -> how many exceptions otel_verl swallowed
 _dropped: Counter = Counter()  # output -> how many rows/lines/spans were not written
 _reported: set = set()
+REPORT_INTERVAL_S = 300.0
+_last_totals_at = time.monotonic()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _count(counter: Counter, name: str, count: int, report_key: str) -> bool:
     """Add ``count`` to ``counter[name]``; True the first time ``report_key`` is counted."""
+    global _last_totals_at
+    now = time.monotonic()
     with _lock:
         counter[name] += count
         first = report_key not in _reported
         _reported.add(report_key)
+        due = not first and now - _last_totals_at >= REPORT_INTERVAL_S
+        if due or first:
+            _last_totals_at = now
+        totals = (dict(_dropped), dict(_failures)) if due else None
+    if totals is not None:
+        logger.warning("otel_verl: losses so far: dropped=%s failures=%s", *totals)
     return first
 
 

@@ -41,3 +41,4 @@ def test_a_line_that_cannot_be_written_is_counted_and_the_thread_goes_on(tmp_pat
     assert (tmp_path / "a.txt").read_text() == "before\nafter\n"
     assert (writer.written_lines, writer.dropped_lines) == (2, 2)
     assert health.snapshot()["dropped"] == {"test_output": 2}
+
