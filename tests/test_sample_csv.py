@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import socket
 
 import pytest
@@ -432,6 +433,33 @@ def test_unwritable_directory_is_counted_and_never_raises(make_pipeline, tmp_pat
     assert proc.force_flush()
     assert proc.writer.dropped_lines == 2 and proc.writer.written_lines == 0
     assert health.snapshot()["dropped"] == {"sample_csv": 2}
+
+
+def test_rows_after_the_trace_dir_is_deleted_go_to_a_new_file_at_its_path(csv_proc, clock, tmp_path):
+    proc, _ = csv_proc()
+    events.samples_created(["u1"], step=1, trainer="RayPPOTrainer")
+    assert proc.force_flush()
+    shutil.rmtree(tmp_path / "trace")  # a cleanup job, mid-run
+    events.sample_stage_done(Stage.ADVANTAGE, ["u1"] * 4, [str(i) for i in range(4)], step=1, start_ns=T0_NS,
+                             trainer="RayPPOTrainer")
+    assert [r["sample_id"] for r in read_rows(proc)] == ["u1/0", "u1/1", "u1/2", "u1/3"]
+    assert proc.writer.written_lines + proc.writer.dropped_lines == 5
+    assert health.snapshot()["dropped"] == {}
+
+
+def test_rows_after_the_file_is_renamed_go_to_a_new_file_at_its_path(csv_proc, clock):
+    proc, _ = csv_proc()
+    proc.writer.reopen_check_s = 0.0  # look at the path before every write
+    events.samples_created(["u1"], step=1, trainer="RayPPOTrainer")
+    assert proc.force_flush()
+    os.rename(proc.path, proc.path + ".1")  # a log shipper, mid-run
+    events.sample_stage_done(Stage.ADVANTAGE, ["u1"] * 4, [str(i) for i in range(4)], step=1, start_ns=T0_NS,
+                             trainer="RayPPOTrainer")
+    assert [r["sample_id"] for r in read_rows(proc)] == ["u1/0", "u1/1", "u1/2", "u1/3"]
+    with open(proc.path + ".1", newline="") as f:
+        assert [r[2] for r in csv.reader(f)] == ["u1/sample"]
+    assert proc.writer.written_lines + proc.writer.dropped_lines == 5
+    assert health.snapshot()["dropped"] == {}
 
 
 def test_shutdown_flushes_everything_accepted(csv_proc, clock):

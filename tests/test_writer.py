@@ -1,9 +1,11 @@
-"""The background writer of the legacy files: every line is written or counted, and its
-thread outlives whatever one line holds."""
+"""The background writer of the legacy files: every line is written or counted, its
+thread outlives whatever one line holds, and files follow their paths."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 from otel_verl import health
 from otel_verl.exporters._writer import BackgroundWriter
@@ -42,3 +44,84 @@ def test_a_line_that_cannot_be_written_is_counted_and_the_thread_goes_on(tmp_pat
     assert (writer.written_lines, writer.dropped_lines) == (2, 2)
     assert health.snapshot()["dropped"] == {"test_output": 2}
 
+
+def lines_of(path) -> list:
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_a_deleted_trace_dir_is_created_again_and_gets_every_later_line(tmp_path):
+    path = tmp_path / "trace" / "sample" / "out.txt"
+    writer = BackgroundWriter("test_output", linger_s=0.0)  # the default look-up interval
+    assert writer.write(str(path), "before\n", 1)
+    assert writer.flush(5)
+    shutil.rmtree(tmp_path / "trace")  # a cleanup job
+    accepted = 1 + sum(writer.write(str(path), f"after {i}\n", 1) for i in range(3))
+    assert writer.flush(5)
+    writer.close()
+    assert lines_of(path) == ["after 0", "after 1", "after 2"]
+    assert writer.written_lines + writer.dropped_lines == accepted
+    assert writer.dropped_lines == 0 and health.snapshot()["dropped"] == {}
+
+
+def test_a_renamed_file_keeps_its_lines_and_later_ones_go_to_its_path(tmp_path):
+    path = tmp_path / "out.log"
+    writer = BackgroundWriter("test_output", linger_s=0.0, reopen_check_s=0.0)
+    assert writer.write(str(path), "before\n", 1)
+    assert writer.flush(5)
+    os.rename(path, tmp_path / "out.log.1")  # logrotate, a log shipper
+    accepted = 1 + sum(writer.write(str(path), f"after {i}\n", 1) for i in range(3))
+    assert writer.flush(5)
+    writer.close()
+    assert lines_of(tmp_path / "out.log.1") == ["before"]
+    assert lines_of(path) == ["after 0", "after 1", "after 2"]
+    assert writer.written_lines + writer.dropped_lines == accepted and writer.dropped_lines == 0
+
+
+def test_a_file_replaced_at_its_path_is_followed(tmp_path):
+    path = tmp_path / "out.log"
+    writer = BackgroundWriter("test_output", linger_s=0.0, reopen_check_s=0.0)
+    assert writer.write(str(path), "before\n", 1)
+    assert writer.flush(5)
+    os.rename(path, tmp_path / "old.log")
+    path.write_text("made by someone else\n")
+    assert writer.write(str(path), "after\n", 1)
+    assert writer.flush(5)
+    writer.close()
+    assert lines_of(path) == ["made by someone else", "after"]
+    assert lines_of(tmp_path / "old.log") == ["before"]
+
+
+def test_a_path_is_looked_up_once_per_interval_not_per_line(tmp_path):
+    path = tmp_path / "out.log"
+    writer = BackgroundWriter("test_output", linger_s=0.0, reopen_check_s=3600.0)
+    assert writer.write(str(path), "before\n", 1)
+    assert writer.flush(5)
+    os.rename(path, tmp_path / "out.log.1")
+    assert writer.write(str(path), "within the interval\n", 1)  # still goes where the file went
+    assert writer.flush(5)
+    writer.reopen_check_s = 0.0  # as if the interval had passed
+    assert writer.write(str(path), "after the interval\n", 1)
+    assert writer.flush(5)
+    writer.close()
+    assert lines_of(tmp_path / "out.log.1") == ["before", "within the interval"]
+    assert lines_of(path) == ["after the interval"]
+    assert (writer.written_lines, writer.dropped_lines) == (3, 0)
+
+
+def test_lines_for_a_path_that_cannot_be_recreated_are_counted_until_it_can(tmp_path):
+    path = tmp_path / "trace" / "out.txt"
+    writer = BackgroundWriter("test_output", linger_s=0.0)
+    assert writer.write(str(path), "before\n", 1)
+    assert writer.flush(5)
+    shutil.rmtree(tmp_path / "trace")
+    (tmp_path / "trace").write_text("a regular file where the directory was")
+    assert writer.write(str(path), "lost\n", 1)
+    assert writer.flush(5)
+    (tmp_path / "trace").unlink()
+    assert writer.write(str(path), "after\n", 1)  # the thread went on
+    assert writer.flush(5)
+    writer.close()
+    assert lines_of(path) == ["after"]
+    assert (writer.written_lines, writer.dropped_lines) == (2, 1)
+    assert health.snapshot()["dropped"] == {"test_output": 1}

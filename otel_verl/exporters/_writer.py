@@ -13,6 +13,10 @@ Guarantees:
   that fails part-way (disk full, file-size limit) is cut back to the last whole line
   when no other process appended meanwhile, and its lines are counted as dropped.
 - ``flush()`` waits until everything accepted so far is written or counted.
+- Files follow their paths, as ``logging.handlers.WatchedFileHandler`` does: a file that
+  was deleted (a cleanup job) is created again, directory included, before the next
+  write; one that was renamed or replaced (logrotate, a log shipper) within about
+  ``reopen_check_s``, and the lines written meanwhile are in the renamed file.
 
 When events trickle in one by one (a rollout worker awaiting its LLM calls), waking the
 thread for each line costs a thread switch per line, more than the line itself. So a
@@ -37,6 +41,7 @@ Render = Callable[[], Tuple[str, str]]  # -> (path, text made of whole lines)
 
 LINGER_S = 0.05
 MAX_OPEN_FILES = 16  # hourly and rotated files: only recent ones stay open
+REOPEN_CHECK_S = 1.0  # how often a path is looked up to see whether its file was moved
 FILE_MODE = 0o644  # ordinary permissions: never world-writable
 DIR_MODE = 0o755
 
@@ -59,14 +64,16 @@ def output_pid() -> int:
 class BackgroundWriter:
     """Appends the text of queued jobs to files, on a thread of its own."""
 
-    def __init__(self, output: str, max_pending_lines: int = 1 << 20, linger_s: float = LINGER_S) -> None:
+    def __init__(self, output: str, max_pending_lines: int = 1 << 20, linger_s: float = LINGER_S,
+                 reopen_check_s: float = REOPEN_CHECK_S) -> None:
         self.output = output  # the name drops and failures are counted under
         self.max_pending_lines = max_pending_lines
         self.linger_s = linger_s
+        self.reopen_check_s = reopen_check_s
         self.written_lines = 0
         self.dropped_lines = 0
         self._closed = False
-        self._fds: Dict[str, int] = {}  # path -> fd, oldest first
+        self._files: Dict[str, _OpenFile] = {}  # by path, oldest first
         self._start_empty()
         _live_writers.add(self)
 
@@ -204,25 +211,46 @@ class BackgroundWriter:
             return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
     def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is None:
+        file = self._files.get(path)
+        if file is not None and not self._still_at(path, file):
+            self._forget_fd(path)
+            file = None
+        if file is None:
             make_dirs(os.path.dirname(path))
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-            self._fds[path] = fd
-            if len(self._fds) > MAX_OPEN_FILES:
-                self._forget_fd(next(iter(self._fds)))
-        return fd
+            file = self._files[path] = _OpenFile(fd, os.fstat(fd), time.monotonic())
+            if len(self._files) > MAX_OPEN_FILES:
+                self._forget_fd(next(iter(self._files)))
+        return file.fd
+
+    def _still_at(self, path: str, file: _OpenFile) -> bool:
+        """Whether ``path`` still names the open ``file``. Called for every batch of
+        lines: a deleted file (lines written to it would be lost) is seen at once by its
+        link count; the path itself is looked up only every ``reopen_check_s``."""
+        if os.fstat(file.fd).st_nlink == 0:
+            return False
+        now = time.monotonic()
+        if now - file.checked_at < self.reopen_check_s:
+            return True
+        file.checked_at = now
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            return True  # cannot tell (no permission to look): keep writing where we are
+        return (st.st_dev, st.st_ino) == (file.dev, file.ino)
 
     def _forget_fd(self, path: str) -> None:
-        fd = self._fds.pop(path, None)
-        if fd is not None:
+        file = self._files.pop(path, None)
+        if file is not None:
             try:
-                os.close(fd)
+                os.close(file.fd)
             except OSError:
                 pass
 
     def _close_fds(self) -> None:
-        for path in list(self._fds):
+        for path in list(self._files):
             self._forget_fd(path)
 
     def _count_dropped(self, n_lines: int, reason: str) -> None:
@@ -242,6 +270,18 @@ def one_line(text: str) -> str:
     if _CONTROL.search(text) is None:
         return text
     return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _OpenFile:
+    """A file the writer holds open, and which file it is: a path that names another
+    file (or none) was moved or deleted, and is opened again."""
+
+    __slots__ = ("fd", "dev", "ino", "checked_at")
+
+    def __init__(self, fd: int, st: os.stat_result, checked_at: float) -> None:
+        self.fd = fd
+        self.dev, self.ino = st.st_dev, st.st_ino
+        self.checked_at = checked_at  # time.monotonic() of the last look at the path
 
 
 def append_whole(fd: int, data: bytes) -> None:
