@@ -11,9 +11,12 @@ Each must install the wrappers itself. Four ways in, from most to least explicit
 2. ``otel-verl run -- <command>``: puts :mod:`otel_verl._sitecustomize` on
    ``PYTHONPATH``; the driver then patches ``ray.init`` to add (1) for the user.
 3. The ``opentelemetry_instrumentor`` entry point, for ``opentelemetry-instrument``.
-4. Self-activation: unpickling a :class:`otel_verl.carriers.TraceCarrier` in a process
-   where tracing is off turns it on with the settings the carrier brought along (verl
-   overrides per-actor runtime envs in places, which can drop the job's setup hook).
+4. Self-activation: unpickling a :class:`otel_verl.carriers.TraceCarrier` of this
+   process's run in a process where tracing is off turns it on with the process's own
+   settings (verl overrides per-actor runtime envs in places, which can drop the job's
+   setup hook; Ray still merges the job's ``env_vars`` into every actor's, so (1)'s
+   forwarded variables are there). A carrier brings no settings and changes nothing in
+   ``os.environ``: it may come from data another run saved (TransferQueue).
    A carrier is unpickled by :func:`restore_carrier`, which pickle names by its module
    path: importing this module registers it with :mod:`otel_verl.carriers`, and a
    process that receives such a carrier imports this module to unpickle it. The
@@ -57,11 +60,10 @@ def worker_setup() -> None:
     activate()
 
 
-def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
-    """Install the verl wrappers in this process when tracing is switched on.
+def activate() -> bool:
+    """Install the verl wrappers in this process when its settings switch tracing on.
 
-    ``env_defaults`` fills variables this process lacks (self-activation from a
-    carrier). The tracer provider itself is built lazily, by
+    The tracer provider itself is built lazily, by
     :func:`otel_verl.bootstrap.provider_for_role` when the first wrapper fires: only
     the wrappers know the process's role. Returns whether tracing is on.
     """
@@ -70,9 +72,6 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
         with _lock:
             if _activated_pid == _pid:
                 return True
-            if env_defaults:
-                for key, value in env_defaults.items():
-                    os.environ.setdefault(key, value)
             if not settings.load().enabled:
                 return False
             _activated_pid = _pid
@@ -91,20 +90,30 @@ def activate(env_defaults: Optional[Mapping[str, str]] = None) -> bool:
         return False
 
 
-def activate_from_carrier(env: Mapping[str, str]) -> None:
-    """Self-activation (see module docs); a no-op where tracing already runs."""
-    if _activated_pid != _pid:
-        activate(env)
-
-
 def restore_carrier(
-    headers: Dict[str, str], env: Optional[Mapping[str, str]], row: Optional[Mapping[str, Any]] = None
+    headers: Dict[str, str], run_id: Any, row: Optional[Mapping[str, Any]] = None
 ) -> "carriers.TraceCarrier":
     """Unpickles a carrier sent from a process where this module was imported: switches
-    tracing on here first, with the settings it brought along (see module docs)."""
-    if env is not None:
-        activate_from_carrier(env)  # never raises: unpickling never fails because of tracing
-    return carriers.restore(headers, env, row)
+    tracing on here first when the carrier comes from this process's run (see module
+    docs). A carrier from another run still gives its context as a parent: it is where
+    the row came from (a sample saved by one run and finished by the next), and each
+    span's resource says which run it belongs to."""
+    carrier = carriers.restore(headers, run_id, row)
+    if _activated_pid != _pid and carrier.run_id is not None:
+        _activate_for_run(carrier.run_id)
+    return carrier
+
+
+def _activate_for_run(carrier_run_id: str) -> None:
+    """Self-activation for a carrier of this process's run; never raises: unpickling
+    never fails because of tracing."""
+    try:
+        from otel_verl import bootstrap
+
+        if carrier_run_id == bootstrap.known_run_id():
+            activate()
+    except Exception as exc:
+        health.record_failure("activation.carrier", exc)
 
 
 carriers.restore_with(restore_carrier)

@@ -277,17 +277,22 @@ def _resource(role: str) -> Any:
 
 
 def run_id() -> str:
-    """One id per training run, the same in every process: ``OTEL_VERL_RUN_ID`` (the
-    launcher and the setup hook forward it), else the Ray job id, else a new uuid."""
+    """One id per training run, the same in every process: :func:`known_run_id`, else a
+    new uuid. Kept in ``OTEL_VERL_RUN_ID``: the carriers this process sends name their
+    run by it, and children started from here share it."""
+    value = known_run_id() or uuid.uuid4().hex
+    os.environ[settings_mod.RUN_ID] = value
+    return value
+
+
+def known_run_id() -> Optional[str]:
+    """``OTEL_VERL_RUN_ID`` (the launcher and the Ray runtime env forward it), else the
+    Ray job id; ``None`` where neither is known. Makes up none and writes nothing."""
     value = os.environ.get(settings_mod.RUN_ID)
     if value:
         return value
     job = _ray_ids().get(sc.RAY_JOB_ID)
-    if job:
-        return f"ray-job-{job}"
-    value = uuid.uuid4().hex
-    os.environ[settings_mod.RUN_ID] = value  # children started from here share it
-    return value
+    return f"ray-job-{job}" if job else None
 
 
 def _ray_ids() -> dict:

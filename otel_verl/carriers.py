@@ -7,11 +7,14 @@ a v1 TensorDict, or a reserved key of a dict argument. Every ``inject_*`` has a
 ``pop_*`` twin that the receiving side calls *before* verl or user code sees the data,
 so no carrier leaks into reward DataProtos, TransferQueue or ``extra_fields``.
 
-A carrier value is a :class:`TraceCarrier`. A configurator may name the function that
-unpickles the carriers a process sends (:func:`restore_with`): otel_verl's names one
-that first switches tracing on in a receiving process where it is off (see
-:mod:`otel_verl.activation`), so a Ray worker whose runtime env lost the job's setup
-hook still starts tracing on the first traced data. This module imports no configurator.
+A carrier value is a :class:`TraceCarrier`: the context and the id of the run that
+sent it, no settings (carriers travel inside data that may outlive the run, e.g. in
+TransferQueue). A configurator may name the function that unpickles the carriers a
+process sends (:func:`restore_with`): otel_verl's names one that first switches tracing
+on, from the receiving process's own settings, in a process of the same run where it is
+off (see :mod:`otel_verl.activation`), so a Ray worker whose runtime env lost the job's
+setup hook still starts tracing on the first traced data. This module imports no
+configurator.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_verl.settings import RUN_ID
+
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
 META_KEY = "otel_traceparent"  # DataProto meta_info key (one carrier for the whole batch)
 DICT_KEY = "__otel_tp"  # reserved key inside an existing dict argument (e.g. sampling_params)
@@ -33,30 +38,31 @@ _propagator = TraceContextTextMapPropagator()
 
 
 class TraceCarrier:
-    """W3C ``traceparent``/``tracestate`` of one span, picklable across Ray calls."""
+    """W3C ``traceparent``/``tracestate`` of one span and the id of the run that sent it
+    (``None``: unknown), picklable across Ray calls."""
 
-    __slots__ = ("headers", "activation", "row")
+    __slots__ = ("headers", "run_id", "row")
 
     def __init__(
         self,
         headers: Dict[str, str],
-        activation: Optional[Mapping[str, str]] = None,
+        run_id: Optional[str] = None,
         row: Optional[Mapping[str, Any]] = None,
     ) -> None:
         self.headers = headers
-        self.activation = activation
+        self.run_id = run_id
         self.row = row  # per-row facts the receiver needs (traj_uid, worker index)
 
     @classmethod
     def from_span(cls, span: Any, row: Optional[Mapping[str, Any]] = None) -> "TraceCarrier":
-        return cls(headers_of(span), _activation_env(), row)
+        return cls(headers_of(span), _this_run_id(), row)
 
     def with_row(self, row: Mapping[str, Any]) -> "TraceCarrier":
         """The same context (shared headers object: pickled once) with per-row facts."""
-        return TraceCarrier(self.headers, self.activation, row)
+        return TraceCarrier(self.headers, self.run_id, row)
 
     def __reduce__(self):  # noqa: D105 - pickled by reference to the restoring function
-        return (_restorer, (self.headers, self.activation, self.row))
+        return (_restorer, (self.headers, self.run_id, self.row))
 
     def __repr__(self) -> str:
         return f"TraceCarrier({self.headers.get('traceparent')})"
@@ -68,11 +74,12 @@ class TraceCarrier:
         return hash(self.headers.get("traceparent"))
 
 
-def restore(
-    headers: Dict[str, str], activation: Optional[Mapping[str, str]], row: Optional[Mapping[str, Any]] = None
-) -> TraceCarrier:
-    """The carrier as unpickled; a row's carrier is kept for its uid (:func:`take_arrived`)."""
-    carrier = TraceCarrier(headers, activation, row)
+def restore(headers: Dict[str, str], run_id: Any, row: Optional[Mapping[str, Any]] = None) -> TraceCarrier:
+    """The carrier as unpickled; a row's carrier is kept for its uid (:func:`take_arrived`).
+
+    Carriers of an older format hold the sender's settings where the run id is now: they
+    name no run."""
+    carrier = TraceCarrier(headers, run_id if isinstance(run_id, str) else None, row)
     if row and row.get("uid") is not None:
         _note_arrival(str(row["uid"]), carrier)
     return carrier
@@ -83,7 +90,7 @@ _restorer: Callable[..., TraceCarrier] = restore
 
 def restore_with(restorer: Callable[..., TraceCarrier]) -> None:
     """Carriers pickled in this process from now on are unpickled by ``restorer(headers,
-    activation, row)``, which ends by returning :func:`restore`'s carrier. Pickle names
+    run_id, row)``, which returns :func:`restore`'s carrier. Pickle names
     it by module path: a module-level function, whose module the receiving process
     imports to unpickle the carrier."""
     global _restorer
@@ -120,20 +127,17 @@ def take_arrived(uid: Any) -> Optional[TraceCarrier]:
         return _arrived.pop(str(uid), None)
 
 
-_activation_cache: Optional[Dict[str, str]] = None
+_run_id: Optional[str] = None
 
 
-def _activation_env() -> Optional[Dict[str, str]]:
-    """The settings a carrier takes along for self-activation (one shared dict object,
-    so a pickled batch stores it once). Never credentials: carriers travel inside data
-    that may be persisted (TransferQueue), so exporter headers and TLS key settings stay
-    in the Ray runtime env only (:func:`otel_verl.settings.carrier_env`)."""
-    global _activation_cache
-    if _activation_cache is None:
-        from otel_verl import settings
-
-        _activation_cache = settings.carrier_env()
-    return _activation_cache
+def _this_run_id() -> Optional[str]:
+    """``OTEL_VERL_RUN_ID``, which the configurator sets where it traces; kept as one
+    string object while it does not change, so a pickled batch stores it once."""
+    global _run_id
+    value = os.environ.get(RUN_ID) or None
+    if value != _run_id:
+        _run_id = value
+    return _run_id
 
 
 def headers_of(span: Any) -> Dict[str, str]:

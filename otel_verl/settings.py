@@ -140,19 +140,3 @@ def forwarded_env(env: Optional[Mapping[str, str]] = None) -> dict:
     """The variables to copy into every Ray worker's runtime env."""
     env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
-
-
-# Forwarded variables that may hold credentials: exporter headers (auth tokens), TLS
-# certificate and client-key settings, anything named like a secret. Ray's runtime env
-# may carry them; data (trace carriers, which can be persisted) must not.
-_SECRET_MARKERS = ("HEADERS", "CERTIFICATE", "CLIENT_KEY", "PASSWORD", "SECRET", "TOKEN", "CREDENTIAL")
-
-
-def is_secret(name: str) -> bool:
-    upper = name.upper()
-    return any(marker in upper for marker in _SECRET_MARKERS)
-
-
-def carrier_env(env: Optional[Mapping[str, str]] = None) -> dict:
-    """The forwarded variables a trace carrier may take along for self-activation."""
-    return {k: v for k, v in forwarded_env(env).items() if not is_secret(k)}

@@ -84,7 +84,7 @@ def _reset_health():
     yield
 
 
-RAY_TEST_ENV = {"OTEL_VERL_ENABLED": "1", "OTEL_VERL_RUN_ID": "ray-test-run", "RAY_AUTH_MODE": "disabled"}
+RAY_TEST_ENV = {"OTEL_VERL_ENABLED": "1", "RAY_AUTH_MODE": "disabled"}
 
 
 @pytest.fixture(scope="session")
@@ -96,10 +96,12 @@ def ray_cluster():
 
     from otel_verl import activation
 
-    env = dict(RAY_TEST_ENV)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), os.environ.get("PYTHONPATH")]))
-    runtime_env = activation.runtime_env(env=RAY_TEST_ENV)
-    runtime_env["env_vars"]["PYTHONPATH"] = env["PYTHONPATH"]  # test modules defining actors
+    # the driver and its workers are one run, as under the launcher: a carrier switches
+    # tracing on only in a process of the run it names
+    env = {**RAY_TEST_ENV, "OTEL_VERL_RUN_ID": os.environ.setdefault("OTEL_VERL_RUN_ID", "ray-test-run")}
+    runtime_env = activation.runtime_env(env=env)
+    tests_dir = os.path.dirname(__file__)  # test modules defining actors
+    runtime_env["env_vars"]["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     yield ray
     ray.shutdown()

@@ -87,6 +87,61 @@ def test_disabled_process_installs_nothing_and_builds_no_provider():
     assert out.stdout.strip() == "ok", out.stderr
 
 
+# A carrier sent by a traced process of run-a, with settings a receiver must not take on.
+SENDER_ENV = {"VERL_TRACE_DIR": "/tmp/run-a-trace", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://run-a-collector:4317",
+              "OTEL_VERL_RUN_ID": "run-a"}
+SEND = """
+    import pickle, sys
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from otel_verl import activation, carriers
+    span = NonRecordingSpan(SpanContext(0x1234, 0x5678, False, TraceFlags(TraceFlags.SAMPLED)))
+    sys.stdout.write(pickle.dumps(carriers.TraceCarrier.from_span(span, {"uid": "u-1"})).hex())
+"""
+RECEIVE = """
+    import os, pickle, sys
+    before = dict(os.environ)
+    carrier = pickle.loads(bytes.fromhex(sys.stdin.read()))
+    from otel_verl import activation
+    changed = sorted(k for k in {**before, **os.environ} if before.get(k) != os.environ.get(k))
+    print(carrier.headers["traceparent"][36:52], activation.is_active(), changed)
+"""
+
+
+def _python(code: str, env: dict, stdin: str = "") -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], input=stdin, env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout.strip()
+
+
+def test_a_carrier_changes_nothing_in_the_environment_where_it_arrives():
+    carrier = _python(SEND, SENDER_ENV)
+    assert _python(RECEIVE, {}, carrier) == "0000000000005678 False []"
+
+
+@pytest.mark.parametrize("receiver_run_id, switched_on", [("run-a", True), ("run-b", False), (None, False)])
+def test_a_carrier_switches_tracing_on_only_in_a_process_of_its_run(receiver_run_id, switched_on):
+    receiver_env = {"OTEL_VERL_ENABLED": "1", **({"OTEL_VERL_RUN_ID": receiver_run_id} if receiver_run_id else {})}
+    assert _python(RECEIVE, receiver_env, _python(SEND, SENDER_ENV)) == f"0000000000005678 {switched_on} []"
+
+
+class _OlderFormatCarrier:
+    """A carrier as the older format pickled it: the sender's settings where the run id is now."""
+
+    def __reduce__(self):
+        headers = {"traceparent": "00-00000000000000000000000000001234-0000000000005678-01"}
+        return activation.restore_carrier, (headers, SENDER_ENV, {"uid": "u-1"})
+
+
+def test_an_older_format_carrier_unpickles_and_switches_nothing_on():
+    import pickle
+
+    carrier = pickle.dumps(_OlderFormatCarrier()).hex()
+    receiver_env = {"OTEL_VERL_ENABLED": "1", "OTEL_VERL_RUN_ID": "run-a"}
+    assert _python(RECEIVE, receiver_env, carrier) == "0000000000005678 False []"
+
+
 LAUNCHED = textwrap.dedent("""
     import os, ray
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -45,6 +45,14 @@ def test_a_carrier_pickles_with_its_row_and_is_kept_for_its_uid_where_it_arrives
     assert carriers.take_arrived("u-7") is None  # taken once
 
 
+def test_a_carrier_names_the_run_that_sent_it_and_an_older_one_names_none(monkeypatch):
+    monkeypatch.setenv("OTEL_VERL_RUN_ID", "run-1")
+    carrier = carriers.TraceCarrier.from_span(_span())
+    assert carrier.run_id == "run-1" and carrier.with_row({"uid": "u-1"}).run_id == "run-1"
+    older = carriers.restore(carrier.headers, {"VERL_TRACE_DIR": "/t", "OTEL_VERL_RUN_ID": "run-1"})
+    assert older.run_id is None and older.headers == carrier.headers
+
+
 def test_unpickling_a_carrier_imports_no_configurator():
     # pickled by a process that only instruments (otel_verl.activation never imported there)
     made = "import pickle, sys; from otel_verl import carriers; sys.stdout.buffer.write(pickle.dumps(" \

@@ -134,11 +134,14 @@ def test_a_carrier_sent_without_the_configurator_unpickles_without_it():
 
 
 def test_a_carrier_sent_by_the_configurator_switches_tracing_on_where_it_arrives():
-    data, names = _run("import otel_verl.activation\n" + textwrap.dedent(CARRIER), {"OTEL_VERL_ENABLED": "1"}).split(" ", 1)
+    run = {"OTEL_VERL_ENABLED": "1", "OTEL_VERL_RUN_ID": "run-1"}
+    data, names = _run("import otel_verl.activation\n" + textwrap.dedent(CARRIER), run).split(" ", 1)
     assert eval(names) == ["otel_verl.activation", "restore_carrier"]  # noqa: S307 - our own repr
     traceparent = "00-00000000000000000000000000001234-0000000000005678-01"
-    # the receiver has no tracing variables of its own: the carrier brought them
-    assert _receive(data, {}) == f"{traceparent} True True"
+    # a process of the same run, with its own settings (its Ray runtime env)
+    assert _receive(data, run) == f"{traceparent} True True"
+    # the carrier brings no settings: a process without any stays off
+    assert _receive(data, {"OTEL_VERL_RUN_ID": "run-1"}) == f"{traceparent} True False"
 
 
 def test_without_a_provider_spans_go_where_configure_sent_them_beside_a_foreign_global():

@@ -174,6 +174,9 @@ def test_carrier_self_activates_a_worker_whose_runtime_env_lost_the_hook(ray_clu
     span = _driver_span("driver-self")
     worker = HooklessWorker.remote()
     assert ray.get(worker.state.remote()) is False
+    saved_by_another_run = carriers.TraceCarrier(carriers.headers_of(span), "another-run")
+    assert ray.get(worker.receive.remote(carriers.inject_dict({"k": 1}, saved_by_another_run)))[0] is False
+    # ours switches it on, from the settings the job's runtime env still gave the worker
     active, keys = ray.get(worker.receive.remote(carriers.inject_dict({"k": 1}, carriers.TraceCarrier.from_span(span))))
     span.end()
     assert active is True

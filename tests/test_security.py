@@ -6,7 +6,8 @@
   searched for distinctive markers. The legacy trajectory JSONL keeps its texts.
 - Free-text attributes are bounded (ids 256, names 256, opt-in content 8 KiB).
 - No environment values or secrets are copied into spans or resources, and trace
-  carriers (which travel inside data that may be persisted) carry no credentials.
+  carriers (which travel inside data that may be persisted) carry no settings at all:
+  context and run id only.
 - Files and directories otel_verl creates are never world-writable, whatever the umask.
 """
 
@@ -204,7 +205,7 @@ def test_no_environment_or_secrets_in_spans_resources_or_carriers(tmp_path):
         forwarded = activation.runtime_env()["env_vars"]
         events.samples_finished(["u-3"], "trained")
         otel_verl.shutdown()
-        w.print_result(outputs.report(carrier_hex=blob.hex(), activation=carriers[0].activation,
+        w.print_result(outputs.report(carrier_hex=blob.hex(), run_id=carriers[0].run_id,
                                       forwarded=sorted(forwarded)))
     """
     with w.fault_server("capture", str(capture)) as port:
@@ -221,45 +222,32 @@ def test_no_environment_or_secrets_in_spans_resources_or_carriers(tmp_path):
         for where, data in (("OTLP wire", wire), ("OTLP-JSON", files), ("trace dir", legacy),
                             ("pickled carrier", carrier_bytes)):
             assert secret.encode() not in data, f"{name} found in {where}"
-    # carriers still self-activate (the trace dir and endpoint travel), credentials do not
-    assert result["activation"]["VERL_TRACE_DIR"] == str(trace)
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in result["activation"]
-    assert not [k for k in result["activation"] if "HEADERS" in k]
-    # Ray's runtime env (not persisted with data) still forwards the exporter headers
+    # carriers name their run and take no settings along; Ray's runtime env (not
+    # persisted with data) forwards them, exporter headers included
+    assert result["run_id"] and result["run_id"].encode() in carrier_bytes
+    assert str(trace).encode() not in carrier_bytes and f"127.0.0.1:{port}".encode() not in carrier_bytes
     assert "OTEL_EXPORTER_OTLP_HEADERS" in result["forwarded"]
 
 
-def test_carrier_env_excludes_credential_variables(monkeypatch):
+def test_a_carrier_takes_no_setting_along(monkeypatch):
     env = {
         "VERL_TRACE_DIR": "/data/trace",
         "DLC_JOB_ID": "job-1",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer tok",
-        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "api-key=tok",
-        "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ca.pem",
         "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/client.key",
-        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE": "/etc/client.pem",
-        "OTEL_VERL_RUN_ID": "run-1",
-        "AWS_SECRET_ACCESS_KEY": "x",
-    }
-    assert settings.carrier_env(env) == {
-        "VERL_TRACE_DIR": "/data/trace",
-        "DLC_JOB_ID": "job-1",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4317",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
         "OTEL_VERL_RUN_ID": "run-1",
     }
-    assert "OTEL_EXPORTER_OTLP_HEADERS" in settings.forwarded_env(env)  # the Ray runtime env keeps them
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(carriers, "_activation_cache", None)
     from opentelemetry.trace import NonRecordingSpan, SpanContext
 
     span = NonRecordingSpan(SpanContext(trace_id=1, span_id=2, is_remote=False))
-    restored = pickle.loads(pickle.dumps(carriers.TraceCarrier.from_span(span)))
-    assert restored.activation == settings.carrier_env(env)
-    monkeypatch.setattr(carriers, "_activation_cache", None)
+    carrier = carriers.TraceCarrier.from_span(span)
+    data = pickle.dumps(carrier)
+    assert carrier.run_id == "run-1"
+    assert [name for name, value in env.items() if value.encode() in data] == ["OTEL_VERL_RUN_ID"]
+    assert "OTEL_EXPORTER_OTLP_HEADERS" in settings.forwarded_env(env)  # the Ray runtime env keeps them
 
 
 # --------------------------------------------------------------------------- file modes
