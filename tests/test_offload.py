@@ -147,6 +147,21 @@ def test_spans_after_the_export_process_died_are_counted_not_raised(pipelines):
     assert dropped.get("offload", 0) > 0, dropped
 
 
+def test_a_lost_span_is_counted_once_at_its_end(pipelines, monkeypatch):
+    """An export process of another wire version writes nothing: each span is counted
+    lost once (its start, sent or not, is no span)."""
+    from otel_verl.offload import wire
+
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
+    p = pipelines()
+    fault_workload.emit(1, UIDS[:2], 2)
+    assert not p.offload.force_flush(30_000)
+    fault_workload.emit(2, UIDS[:2], 2, fit=False)
+    p.offload.shutdown()
+    spans = fault_workload.expected(2, 2)["spans"] + fault_workload.expected(2, 2, fit=False)["spans"]
+    assert health.snapshot() == {"failures": {"offload.version": 1}, "dropped": {"offload": spans}}
+
+
 def test_spans_beyond_max_pending_are_counted(pipelines):
     p = pipelines()
     assert p.provider.force_flush()

@@ -9,10 +9,11 @@ versions must match before a span is written), its flush answers and health coun
 Nothing here waits on the export process except :meth:`force_flush` and
 :meth:`shutdown`, which are asked to.
 
-Losses are counted in spans, never silent: spans beyond ``max_pending`` queued (the
-export process cannot keep up), spans never sent because the export process could not
-start, speaks another wire version or died, and whatever the export process itself
-counted (its counters come back with every flush answer and at its exit).
+Losses are counted in spans (a span's end; a start alone is not a span), never silent:
+spans beyond ``max_pending`` queued (the export process cannot keep up), spans never sent
+because the export process could not start, speaks another wire version or died, and
+whatever the export process itself counted (its counters come back with every flush
+answer and at its exit).
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ class OffloadSpanProcessor(SpanProcessor):
             if self._alive:
                 self._pending.append(entry)
                 return
+        spans = entry[0] == ENDED
         if self._alive:
-            self._lost(1, "the export process is not keeping up")
+            self._lost(spans, "the export process is not keeping up")
         else:  # (and whatever was queued as it died)
-            self._lost(1 + self._drop_pending(), self._why_dead)
+            self._lost(spans + self._drop_pending(), self._why_dead)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Everything queued so far written and exported by the export process."""
@@ -207,11 +209,11 @@ class OffloadSpanProcessor(SpanProcessor):
                     batch.append(wire.snapshot(span, payload, self._codec_id, start_attributes))
                 except Exception as exc:
                     health.record_failure("offload.snapshot", exc)
-                    self._lost(1, "a span could not be read")
+                    self._lost(entry[0] == ENDED, "a span could not be read")
             self._send_batch(batch, flush)
 
     def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[int]) -> None:
-        frames = [(wire.frame(codec), 0) for codec in self._new_codecs]  # (bytes, spans in them)
+        frames = [(wire.frame(codec), 0) for codec in self._new_codecs]  # (bytes, span ends in them)
         self._new_codecs = []
         if batch:
             frames.append(self._spans_frame(batch))
@@ -225,13 +227,14 @@ class OffloadSpanProcessor(SpanProcessor):
                 return
 
     def _spans_frame(self, batch: List[wire.SpanSnapshot]) -> tuple:
+        """The frame of ``batch`` and how many span ends it carries."""
         try:
-            return wire.frame(wire.Spans(batch)), len(batch)
+            return wire.frame(wire.Spans(batch)), _ends(batch)
         except Exception as exc:  # a payload that does not pickle: the rest of the batch still goes
             health.record_failure("offload.send", exc)
             sent = [snapshot for snapshot in batch if _pickles(snapshot)]
-            self._lost(len(batch) - len(sent), "a span could not be pickled")
-            return wire.frame(wire.Spans(sent)), len(sent)
+            self._lost(_ends(batch) - _ends(sent), "a span could not be pickled")
+            return wire.frame(wire.Spans(sent)), _ends(sent)
 
     def _write(self, data: bytes) -> bool:
         try:
@@ -321,11 +324,11 @@ class OffloadSpanProcessor(SpanProcessor):
         self._lost(self._drop_pending(), why)
 
     def _drop_pending(self) -> int:
-        """Empties the queue; how many spans were in it."""
+        """Empties the queue; how many spans (ends) were in it."""
         pending, spans = self._pending, 0
         while pending:
             try:
-                spans += pending.popleft()[0] != FLUSH
+                spans += pending.popleft()[0] == ENDED
             except IndexError:  # another thread emptied it meanwhile
                 break
         return spans
@@ -343,6 +346,10 @@ class OffloadSpanProcessor(SpanProcessor):
 
 class WireVersionError(Exception):
     """The export process speaks another wire version (otel_verl changed in place?)."""
+
+
+def _ends(snapshots: List[wire.SpanSnapshot]) -> int:
+    return sum(snapshot.end_time is not None for snapshot in snapshots)
 
 
 def _pickles(snapshot: wire.SpanSnapshot) -> bool:
