@@ -249,6 +249,35 @@ def test_with_no_outputs_to_fall_back_on_later_spans_are_counted_not_raised(pipe
     assert health.snapshot()["dropped"] == {"offload": fault_workload.expected(2, 2, fit=False)["spans"]}
 
 
+def test_flush_and_shutdown_keep_their_time_bounds_when_the_export_process_hangs(pipelines):
+    from otel_verl.offload import forwarder
+
+    p = pipelines()
+    fault_workload.emit(1, UIDS[:2], 2)
+    assert p.provider.force_flush()
+    hung = p.offload._child.process
+    os.kill(hung.pid, signal.SIGSTOP)
+    _shrink_pipe(hung.stdin)
+    try:
+        for step in (2, 3):
+            fault_workload.emit(step, UIDS, 4, fit=False)
+        started = time.monotonic()
+        assert not p.offload.force_flush(500)
+        assert time.monotonic() - started < 1.5
+        p.offload.shutdown_timeout_s = 2.0
+        closing = threading.Thread(target=p.offload.shutdown, daemon=True)
+        started = time.monotonic()
+        closing.start()
+        closing.join(30)
+        assert not closing.is_alive()
+        assert time.monotonic() - started < 2.0 + 4 * forwarder.GRACE_S
+        assert hung.poll() == -signal.SIGKILL  # killed by the shutdown
+    finally:
+        hung.kill()
+    # every span of steps 2 and 3, each once
+    assert health.snapshot()["dropped"] == {"offload": 2 * fault_workload.expected(len(UIDS), 4, fit=False)["spans"]}
+
+
 def test_a_lost_span_is_counted_once_at_its_end(pipelines, monkeypatch):
     """An export process of another wire version writes nothing: each span is counted
     lost once (its start, sent or not, is no span)."""

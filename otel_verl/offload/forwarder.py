@@ -7,7 +7,7 @@ pickles them by batches of 512 and writes the frames to the export process's std
 reply thread per export process reads its answers: its :class:`~wire.Hello` (the wire
 versions must match before a span is written), its flush answers and health counters.
 Nothing here waits on the export process except :meth:`force_flush` and
-:meth:`shutdown`, which are asked to.
+:meth:`shutdown`, each within its own time bound.
 
 The sender supervises the export process. At least every second while spans flow it
 sends a :class:`~wire.Flush`, whose answer acknowledges every span sent before it (the
@@ -53,6 +53,7 @@ STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
 MAX_CODECS = 16  # tokenizers both ends keep (an agent loop may make a decode function per trajectory)
 CHECKPOINT_INTERVAL_S = 1.0  # how often what was sent is acknowledged (a death may count a span written since)
 MAX_RESTARTS_PER_MINUTE = 3
+SHUTDOWN_TIMEOUT_S = 60.0  # the export process's outputs get this long to finish at shutdown
 GRACE_S = 1.0  # for a killed export process to go, and its last answers to be read
 
 
@@ -72,6 +73,7 @@ class OffloadSpanProcessor(SpanProcessor):
         batch_interval_s: float = 0.05,
         max_batch: int = 512,
         start_timeout_s: float = 60.0,
+        shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
         max_restarts_per_minute: int = MAX_RESTARTS_PER_MINUTE,
         start_subjects: FrozenSet[Subject] = frozenset(Subject),
         in_process_outputs: Optional[Callable[[], Iterable[SpanProcessor]]] = None,
@@ -82,6 +84,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self.batch_interval_s = batch_interval_s
         self.max_batch = max_batch
         self.start_timeout_s = start_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
         self.max_restarts_per_minute = max_restarts_per_minute
         self.in_process_outputs = in_process_outputs
         self._in_process: Optional[SpanProcessor] = None  # the outputs, once written here
@@ -152,20 +155,27 @@ class OffloadSpanProcessor(SpanProcessor):
                 del self._flush_results[seq]
 
     def shutdown(self) -> None:
-        """Send what is queued, let the export process finish its outputs, wait for it."""
+        """Send what is queued, let the export process finish its outputs and wait for it,
+        at most ``shutdown_timeout_s`` (then it is killed; what it had not acknowledged
+        is counted lost)."""
         with self._lifecycle:
             if self._closing:
                 return
             self._closing = True
+        deadline = time.monotonic() + self.shutdown_timeout_s
         self._wake.set()
         if self._sender.is_alive():
-            self._sender.join(self.start_timeout_s)
+            self._sender.join(_left(deadline))
         child = self._child
         if child is not None:
-            child.close_input()
             why = ""
+            if self._sender.is_alive():  # still writing to an export process that does not read
+                child.kill()
+                why = "the export process did not read its spans in time"
+                self._sender.join(GRACE_S)
+            child.close_input()
             try:
-                child.process.wait(self.start_timeout_s)
+                child.process.wait(_left(deadline))
             except subprocess.TimeoutExpired:
                 why = "the export process did not finish in time"
             self._bury(child, why)
@@ -593,6 +603,10 @@ def _pickles(snapshot: wire.SpanSnapshot) -> bool:
     except Exception:
         return False
     return True
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 _live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()
