@@ -7,7 +7,12 @@ from __future__ import annotations
 import glob
 import io
 import json
+import logging
 import os
+import signal
+import threading
+import time
+from collections import Counter
 
 import pytest
 
@@ -30,7 +35,7 @@ class Pipelines:
         from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
 
         cfg_here = settings.load({settings.TRACE_DIR: here})
-        cfg_there = settings.load({settings.TRACE_DIR: there, settings.OFFLOAD: "1"})
+        cfg_there = self.cfg_there = settings.load({settings.TRACE_DIR: there, settings.OFFLOAD: "1"})
         ids, sampler = UidIdGenerator(), record_dropped_samples()
         self.provider = TracerProvider(resource=bootstrap._resource("agent_loop_worker"), sampler=sampler,
                                        id_generator=ids, active_span_processor=IsolatingSpanProcessor())
@@ -135,16 +140,157 @@ def test_decode_functions_made_per_trajectory_reach_the_export_process(pipelines
     assert health.snapshot() == {"failures": {}, "dropped": {}}
 
 
-def test_spans_after_the_export_process_died_are_counted_not_raised(pipelines):
+def _outputs(root) -> dict:
+    """Output -> what it holds, in any order: OTLP spans, JSONL, CSV or progress lines (an
+    export process started in another's place, or this process, may start files of its own)."""
+    out: dict = {}
+    for path in glob.glob(os.path.join(str(root), "**", "*"), recursive=True):
+        if os.path.isfile(path):
+            kind = os.path.relpath(path, str(root)).split(os.sep)[0]
+            with open(path, "rb") as f:
+                blob = f.read()
+            out.setdefault(kind, Counter()).update(_otlp_spans(blob) if kind == "otlp" else blob.splitlines())
+    return out
+
+
+def _wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _shrink_pipe(stdin) -> None:
+    """A pipe of one page: a batch written to an export process that stopped reading is left
+    half written."""
+    import fcntl
+
+    if hasattr(fcntl, "F_SETPIPE_SZ"):  # Linux
+        fcntl.fcntl(stdin.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+
+
+def _serving(offload) -> bool:
+    """A new export process has answered."""
+    return offload._child.hello.is_set() and offload._child.speaks_our_version
+
+
+def test_a_killed_export_process_is_replaced_and_every_span_is_accounted_for(pipelines, tmp_path):
+    """SIGKILL with spans in the export process's pipe and a batch half written: its death
+    is noticed at once, the spans it had not acknowledged are counted (ends only), the
+    queued ones go to the export process started in its place, which writes every later span."""
+    p = pipelines()
+    fault_workload.emit(1, UIDS, 4)
+    assert p.provider.force_flush()  # written and acknowledged
+    killed = p.offload._child
+    os.kill(killed.process.pid, signal.SIGSTOP)  # it reads nothing more, writes nothing more
+    _shrink_pipe(killed.process.stdin)
+    try:
+        for step in (2, 3):
+            fault_workload.emit(step, UIDS, 4, fit=False)
+        _wait_until(lambda: killed.ends_sent > killed.ends_acknowledged)
+    finally:
+        os.kill(killed.process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    _wait_until(lambda: health.snapshot()["dropped"].get("offload"))
+    assert time.monotonic() - killed_at < 2.0  # noticed within about a second
+    _wait_until(lambda: p.offload._child is not killed and _serving(p.offload))
+    assert p.provider.force_flush()
+    here_before, there_before = _outputs(tmp_path / "here"), _outputs(tmp_path / "there")
+
+    fault_workload.emit(4, UIDS, 4, fit=False)
+    assert p.provider.force_flush()
+    here, there = _outputs(tmp_path / "here"), _outputs(tmp_path / "there")
+    assert sorted(here) == sorted(there) == ["otlp", "progress", "sample", "trajectory"]
+    for kind in here:  # every span after the restart, in every output
+        assert there[kind] - there_before[kind] == here[kind] - here_before[kind], kind
+        assert not there[kind] - here[kind], kind  # nothing written that was not accepted, nothing twice
+    lost = health.snapshot()["dropped"]["offload"]
+    spans = sum(fault_workload.expected(len(UIDS), 4, fit=step == 1)["spans"] for step in (1, 2, 3, 4))
+    assert sum(here["otlp"].values()) == spans
+    assert sum(there["otlp"].values()) + lost == spans  # OTLP writes every span
+    lost_trajectories = sum(n for (_, span), n in (here["otlp"] - there["otlp"]).items()
+                            if json.loads(span)["name"] == "invoke_agent tool_agent")
+    assert sum(there["trajectory"].values()) + lost_trajectories == sum(here["trajectory"].values())
+    assert health.snapshot()["failures"] == {}
+
+
+def test_an_export_process_that_keeps_dying_gives_way_to_outputs_written_here(pipelines, tmp_path, caplog):
+    """Past the restarts allowed a minute, the outputs are written in this process, as without
+    offloading, which the log says once."""
+    caplog.set_level(logging.WARNING, logger="otel_verl")
+    p = pipelines()
+    p.offload.in_process_outputs = lambda: bootstrap.output_processors(p.cfg_there)  # as a configurator hands them over
+    p.offload.max_restarts_per_minute = 1
+    fault_workload.emit(1, UIDS, 4)
+    assert p.provider.force_flush()
+    killed = p.offload._child
+    killed.process.kill()
+    _wait_until(lambda: p.offload._child is not killed and _serving(p.offload))
+    p.offload._child.process.kill()  # one death too many
+    _wait_until(lambda: p.offload._in_process is not None)
+    fault_workload.emit(2, UIDS, 4, fit=False)
+    assert p.provider.force_flush()
+    assert _outputs(tmp_path / "there") == _outputs(tmp_path / "here")
+    assert health.snapshot() == {"failures": {}, "dropped": {}}  # each died with everything acknowledged
+    said = [r.getMessage() for r in caplog.records if "writes its outputs itself" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_with_no_outputs_to_fall_back_on_later_spans_are_counted_not_raised(pipelines):
+    p = pipelines()
+    p.offload.max_restarts_per_minute = 0
+    fault_workload.emit(1, UIDS[:2], 2)
+    assert p.provider.force_flush()
+    p.offload._child.process.kill()
+    _wait_until(lambda: not p.offload._accepting)
+    fault_workload.emit(2, UIDS[:2], 2, fit=False)  # must not raise
+    assert not p.offload.force_flush(5000)
+    # each span once, at its end (its start is no span)
+    assert health.snapshot()["dropped"] == {"offload": fault_workload.expected(2, 2, fit=False)["spans"]}
+
+
+def test_flush_and_shutdown_keep_their_time_bounds_when_the_export_process_hangs(pipelines):
+    from otel_verl.offload import forwarder
+
     p = pipelines()
     fault_workload.emit(1, UIDS[:2], 2)
     assert p.provider.force_flush()
-    p.offload._process.kill()
-    p.offload._process.wait()
-    fault_workload.emit(2, UIDS[:2], 2, fit=False)  # must not raise
-    assert not p.offload.force_flush(5000)
-    dropped = health.snapshot()["dropped"]
-    assert dropped.get("offload", 0) > 0, dropped
+    hung = p.offload._child.process
+    os.kill(hung.pid, signal.SIGSTOP)
+    _shrink_pipe(hung.stdin)
+    try:
+        for step in (2, 3):
+            fault_workload.emit(step, UIDS, 4, fit=False)
+        started = time.monotonic()
+        assert not p.offload.force_flush(500)
+        assert time.monotonic() - started < 1.5
+        p.offload.shutdown_timeout_s = 2.0
+        closing = threading.Thread(target=p.offload.shutdown, daemon=True)
+        started = time.monotonic()
+        closing.start()
+        closing.join(30)
+        assert not closing.is_alive()
+        assert time.monotonic() - started < 2.0 + 4 * forwarder.GRACE_S
+        assert hung.poll() == -signal.SIGKILL  # killed by the shutdown
+    finally:
+        hung.kill()
+    # every span of steps 2 and 3, each once
+    assert health.snapshot()["dropped"] == {"offload": 2 * fault_workload.expected(len(UIDS), 4, fit=False)["spans"]}
+
+
+def test_a_lost_span_is_counted_once_at_its_end(pipelines, monkeypatch):
+    """An export process of another wire version writes nothing: each span is counted
+    lost once (its start, sent or not, is no span)."""
+    from otel_verl.offload import wire
+
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
+    p = pipelines()
+    fault_workload.emit(1, UIDS[:2], 2)
+    assert not p.offload.force_flush(30_000)
+    fault_workload.emit(2, UIDS[:2], 2, fit=False)
+    p.offload.shutdown()
+    spans = fault_workload.expected(2, 2)["spans"] + fault_workload.expected(2, 2, fit=False)["spans"]
+    assert health.snapshot() == {"failures": {"offload.version": 1}, "dropped": {"offload": spans}}
 
 
 def test_spans_beyond_max_pending_are_counted(pipelines):

@@ -8,4 +8,6 @@ has one span processor, :class:`~otel_verl.offload.forwarder.OffloadSpanProcesso
 that hands every span to a child process (:mod:`otel_verl.offload.host`) running the
 very span processors the worker would have run (``bootstrap.output_processors``), with
 the worker's resource and pid. :mod:`otel_verl.offload.wire` is what goes between them.
+An export process that dies is replaced, a few times a minute at most; then the worker
+writes its outputs itself (``in_process_outputs``) or counts them lost.
 """

@@ -4,34 +4,46 @@
 of its attributes: the caller goes on setting more). A sender thread wakes every 50 ms,
 or when a batch is full, turns what is queued into snapshots (:mod:`otel_verl.offload.wire`),
 pickles them by batches of 512 and writes the frames to the export process's stdin. A
-reply thread reads the export process's answers: its :class:`~wire.Hello` (the wire
+reply thread per export process reads its answers: its :class:`~wire.Hello` (the wire
 versions must match before a span is written), its flush answers and health counters.
 Nothing here waits on the export process except :meth:`force_flush` and
-:meth:`shutdown`, which are asked to.
+:meth:`shutdown`, each within its own time bound.
 
-Losses are counted in spans, never silent: spans beyond ``max_pending`` queued (the
-export process cannot keep up), spans never sent because the export process could not
-start, speaks another wire version or died, and whatever the export process itself
-counted (its counters come back with every flush answer and at its exit).
+The sender supervises the export process. At least every second while spans flow it
+sends a :class:`~wire.Flush`, whose answer acknowledges every span sent before it (the
+export process answers once its outputs have written them). When the export process
+dies (its reply pipe ends, a write fails, or a poll finds it gone) the spans it had not
+acknowledged are counted lost, and another export process takes over what is queued. Past
+``max_restarts_per_minute`` restarts, or on another wire version, this process writes its
+outputs itself (``in_process_outputs``), as without offloading, or, not given them,
+counts every later span lost.
+
+Losses are counted in spans (a span's end; a start alone is not a span), never silent:
+spans beyond ``max_pending`` queued (the export process cannot keep up), spans an export
+process died with unacknowledged (a span it wrote in its last second may be counted too),
+spans never sent because no export process could run, and whatever the export process
+itself counted (its counters come back with every flush answer and at its exit).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import health
 from otel_verl.offload import wire
 from otel_verl.payload import payload_of
+from otel_verl.sampling import IsolatingSpanProcessor
 from otel_verl.semconv import Subject
 
 logger = logging.getLogger("otel_verl")
@@ -39,6 +51,10 @@ logger = logging.getLogger("otel_verl")
 OUTPUT = "offload"  # the health counters' name for spans the export process never got
 STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
 MAX_CODECS = 16  # tokenizers both ends keep (an agent loop may make a decode function per trajectory)
+CHECKPOINT_INTERVAL_S = 1.0  # how often what was sent is acknowledged (a death may count a span written since)
+MAX_RESTARTS_PER_MINUTE = 3
+SHUTDOWN_TIMEOUT_S = 60.0  # the export process's outputs get this long to finish at shutdown
+GRACE_S = 1.0  # for a killed export process to go, and its last answers to be read
 
 
 class OffloadSpanProcessor(SpanProcessor):
@@ -46,7 +62,8 @@ class OffloadSpanProcessor(SpanProcessor):
     process's spans; see the module docs.
 
     ``start_subjects``: the payload subjects whose start an output reads; other spans go once,
-    when they end (OTLP reads ends only)."""
+    when they end (OTLP reads ends only). ``in_process_outputs``: makes the span processors
+    this process runs itself once no export process can (``bootstrap.output_processors``)."""
 
     def __init__(
         self,
@@ -56,7 +73,10 @@ class OffloadSpanProcessor(SpanProcessor):
         batch_interval_s: float = 0.05,
         max_batch: int = 512,
         start_timeout_s: float = 60.0,
+        shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
+        max_restarts_per_minute: int = MAX_RESTARTS_PER_MINUTE,
         start_subjects: FrozenSet[Subject] = frozenset(Subject),
+        in_process_outputs: Optional[Callable[[], Iterable[SpanProcessor]]] = None,
     ) -> None:
         self.start_subjects = frozenset(start_subjects)
         self.config = config
@@ -64,22 +84,34 @@ class OffloadSpanProcessor(SpanProcessor):
         self.batch_interval_s = batch_interval_s
         self.max_batch = max_batch
         self.start_timeout_s = start_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.max_restarts_per_minute = max_restarts_per_minute
+        self.in_process_outputs = in_process_outputs
+        self._in_process: Optional[SpanProcessor] = None  # the outputs, once written here
         self._start()
         _live.add(self)
 
     # ------------------------------------------------------------------ span processor (any thread)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
+        in_process = self._in_process
+        if in_process is not None:
+            in_process.on_start(span, parent_context)
+            return
         payload = payload_of(span)
         if payload is not None and payload.subject in self.start_subjects:
             self._queue((STARTED, span, payload, wire.copied(span.attributes)))
 
     def on_end(self, span: Any) -> None:
+        in_process = self._in_process
+        if in_process is not None:
+            in_process.on_end(span)
+            return
         self._queue((ENDED, span, payload_of(span), None))
 
     def _queue(self, entry: tuple) -> None:
         pending = self._pending
-        if self._alive and len(pending) < self.max_pending:
+        if self._accepting and len(pending) < self.max_pending:
             pending.append(entry)
             if len(pending) >= self.max_batch and not self._wake.is_set():
                 self._wake.set()
@@ -87,54 +119,69 @@ class OffloadSpanProcessor(SpanProcessor):
         if self._forked:  # the first span of a forked child that traces: its own export process
             self._forked = False
             self._start()
-            if self._alive:
+            if self._accepting:
                 self._pending.append(entry)
                 return
-        if self._alive:
-            self._lost(1, "the export process is not keeping up")
-        else:  # (and whatever was queued as it died)
-            self._lost(1 + self._drop_pending(), self._why_dead)
+        spans = entry[0] == ENDED
+        if self._accepting:
+            self._lost(spans, "the export process is not keeping up")
+        else:  # (and whatever was queued as it stopped)
+            self._lost(spans + self._drop_pending(), self._why_stopped)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Everything queued so far written and exported by the export process."""
-        if not self._alive:
-            return False
-        with self._replies:
-            self._flush_seq += 1
-            seq = self._flush_seq
-        self._pending.append((FLUSH, seq))
-        self._wake.set()
+        """Everything queued so far written and exported, within ``timeout_millis``."""
         deadline = time.monotonic() + timeout_millis / 1000.0
         with self._replies:
-            while self._answered < seq and self._alive:
-                left = deadline - time.monotonic()
-                if left <= 0:
+            in_process = self._in_process
+            if in_process is None:
+                if not self._accepting:
                     return False
-                self._replies.wait(left)
-            return self._answered >= seq and self._flushed_ok
+                self._flush_seq += 1
+                seq = self._flush_seq
+                self._flush_results[seq] = None
+        if in_process is not None:
+            return in_process.force_flush(timeout_millis)
+        self._pending.append((FLUSH, seq))
+        self._wake.set()
+        with self._replies:
+            try:
+                while self._flush_results[seq] is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._replies.wait(left)
+                return bool(self._flush_results[seq])
+            finally:
+                del self._flush_results[seq]
 
     def shutdown(self) -> None:
-        """Send what is queued, let the export process finish its outputs, wait for it."""
-        if self._closing:
-            return
-        self._closing = True
+        """Send what is queued, let the export process finish its outputs and wait for it,
+        at most ``shutdown_timeout_s`` (then it is killed; what it had not acknowledged
+        is counted lost)."""
+        with self._lifecycle:
+            if self._closing:
+                return
+            self._closing = True
+        deadline = time.monotonic() + self.shutdown_timeout_s
         self._wake.set()
         if self._sender.is_alive():
-            self._sender.join(self.start_timeout_s)
-        process = self._process
-        if process is not None:
+            self._sender.join(_left(deadline))
+        child = self._child
+        if child is not None:
+            why = ""
+            if self._sender.is_alive():  # still writing to an export process that does not read
+                child.kill()
+                why = "the export process did not read its spans in time"
+                self._sender.join(GRACE_S)
+            child.close_input()
             try:
-                process.stdin.close()
-            except (OSError, ValueError):
-                pass
-            try:
-                process.wait(self.start_timeout_s)
+                child.process.wait(_left(deadline))
             except subprocess.TimeoutExpired:
-                process.kill()
-                self._dead("the export process did not finish in time")
-        if self._replier.is_alive():
-            self._replier.join(5.0)
-        self._dead(self._why_dead or "the span processor was shut down")  # later spans are counted too
+                why = "the export process did not finish in time"
+            self._bury(child, why)
+        if self._in_process is not None:
+            self._in_process.shutdown()
+        self._stop(self._why_stopped or "the span processor was shut down")  # later spans are counted too
         _live.discard(self)
 
     # ------------------------------------------------------------------ start
@@ -142,62 +189,87 @@ class OffloadSpanProcessor(SpanProcessor):
     def _start(self) -> None:
         self._pending: deque = deque()  # (STARTED/ENDED, span, payload, start attributes) or (FLUSH, seq)
         self._wake = threading.Event()
-        self._replies = threading.Condition()
-        self._ready = threading.Event()  # the export process's Hello came (or it is dead)
-        self._flush_seq = self._answered = 0
-        self._flushed_ok = True
+        self._replies = threading.Condition()  # guards flush results and the acknowledgement counts
+        self._lifecycle = threading.Lock()  # no export process starts once shutdown began
+        self._flush_seq = 0
+        self._flush_results: Dict[int, Optional[bool]] = {}  # force_flush calls waiting: seq -> answer
         self._closing = self._forked = False
-        self._alive = True
-        self._why_dead = ""
-        self._process: Optional[subprocess.Popen] = None
+        self._accepting = True
+        self._why_stopped = ""
+        self._restarts: deque = deque()  # when each restart of the last minute happened
+        self._child: Optional[ExportProcess] = None
+        self._forget_codecs()
+        self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
+        try:
+            self._child = self._spawn()
+        except Exception as exc:
+            health.record_failure("offload.start", exc)
+            self._stop(f"the export process could not start ({type(exc).__name__}: {exc})")
+            return
+        self._sender.start()
+
+    def _spawn(self) -> "ExportProcess":
+        reply_read, reply_write = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
+                stdin=subprocess.PIPE, pass_fds=(reply_write,), close_fds=True,
+            )
+        except BaseException:
+            os.close(reply_read)
+            raise
+        finally:
+            os.close(reply_write)
+        child = ExportProcess(process, os.fdopen(reply_read, "rb"))
+        threading.Thread(target=self._read_replies, args=(child,), name="otel-verl-offload-replies",
+                         daemon=True).start()
+        try:
+            wire.write_frame(process.stdin, wire.Hello(wire.VERSION))
+            wire.write_frame(process.stdin, wire.Config(self.config))
+        except (OSError, ValueError):
+            pass  # it died at once: its replies end, which says so
+        except BaseException:
+            child.kill()
+            raise
+        return child
+
+    def _forget_codecs(self) -> None:
+        """A new export process knows no tokenizer yet."""
         self._codecs: "OrderedDict[Any, int]" = OrderedDict()  # (decode, encode) -> id, most recent last
         self._next_codec_id = 0
         self._new_codecs: List[wire.Codec] = []  # to send before the batch that names them
         self._forgotten_codecs: List[wire.ForgetCodec] = []  # to send after it
-        self._host_counts: Dict[str, Dict[str, int]] = {"failures": {}, "dropped": {}}
-        self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
-        self._replier = threading.Thread(target=self._reply_loop, name="otel-verl-offload-replies", daemon=True)
-        try:
-            reply_read, reply_write = os.pipe()
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
-                stdin=subprocess.PIPE, pass_fds=(reply_write,), close_fds=True,
-            )
-            os.close(reply_write)
-            self._reply_pipe = os.fdopen(reply_read, "rb")
-            wire.write_frame(self._process.stdin, wire.Hello(wire.VERSION))
-            wire.write_frame(self._process.stdin, wire.Config(self.config))
-        except Exception as exc:
-            health.record_failure("offload.start", exc)
-            self._dead(f"the export process could not start ({type(exc).__name__}: {exc})")
-            return
-        self._sender.start()
-        self._replier.start()
 
     # ------------------------------------------------------------------ sender thread
 
     def _send_loop(self) -> None:
-        if not self._ready.wait(self.start_timeout_s) and self._alive:
-            self._dead("the export process did not answer")
-        while self._alive:
+        if not self._answered_hello(self._child) and not self._replace_dead_child():
+            return
+        while True:
             self._wake.wait(self.batch_interval_s)
             self._wake.clear()
             closing = self._closing
+            if self._child.gone() and not self._replace_dead_child():
+                return
             self._send_pending()
             if closing:
                 self._send_pending()  # what came meanwhile
                 return
+            self._checkpoint_if_due()
 
     def _send_pending(self) -> None:
         """What is queued now, as frames (spans queued meanwhile wait for the next wake-up:
         taking them too, the sender would write a frame every few spans)."""
         pending = self._pending
         left = len(pending)
-        while left > 0 and self._alive:
+        while left > 0 and not self._child.write_failed:
             batch: List[wire.SpanSnapshot] = []
             flush = None
             while left > 0 and len(batch) < self.max_batch:
-                entry = pending.popleft()
+                try:
+                    entry = pending.popleft()
+                except IndexError:  # emptied by a shutdown that stopped waiting for this thread
+                    return
                 left -= 1
                 if entry[0] == FLUSH:
                     flush = entry[1]
@@ -207,40 +279,50 @@ class OffloadSpanProcessor(SpanProcessor):
                     batch.append(wire.snapshot(span, payload, self._codec_id, start_attributes))
                 except Exception as exc:
                     health.record_failure("offload.snapshot", exc)
-                    self._lost(1, "a span could not be read")
+                    self._lost(entry[0] == ENDED, "a span could not be read")
             self._send_batch(batch, flush)
 
     def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[int]) -> None:
-        frames = [(wire.frame(codec), 0) for codec in self._new_codecs]  # (bytes, spans in them)
+        child = self._child
+        frames = [wire.frame(codec) for codec in self._new_codecs]
         self._new_codecs = []
+        ends = 0
         if batch:
-            frames.append(self._spans_frame(batch))
-        frames += [(wire.frame(forget), 0) for forget in self._forgotten_codecs]
+            spans, ends = self._spans_frame(batch)
+            frames.append(spans)
+        frames += [wire.frame(forget) for forget in self._forgotten_codecs]
         self._forgotten_codecs = []
         if flush is not None:
-            frames.append((wire.frame(wire.Flush(flush)), 0))
-        for i, (data, _) in enumerate(frames):
-            if not (self._alive and self._write(data)):
-                self._lost(sum(spans for _, spans in frames[i:]), self._why_dead)
+            frames.append(wire.frame(wire.Flush(flush)))
+        with self._replies:  # counted before the answer that acknowledges them can come
+            child.ends_sent += ends
+            if flush is not None:
+                child.checkpoints.append((flush, child.ends_sent))
+                child.last_checkpoint = (time.monotonic(), child.ends_sent)
+        for data in frames:
+            if not child.write(data):
+                self._wake.set()  # its death counts what it was sent
                 return
 
-    def _spans_frame(self, batch: List[wire.SpanSnapshot]) -> tuple:
+    def _spans_frame(self, batch: List[wire.SpanSnapshot]) -> Tuple[bytes, int]:
+        """The frame of ``batch`` and how many span ends it carries."""
         try:
-            return wire.frame(wire.Spans(batch)), len(batch)
+            return wire.frame(wire.Spans(batch)), _ends(batch)
         except Exception as exc:  # a payload that does not pickle: the rest of the batch still goes
             health.record_failure("offload.send", exc)
             sent = [snapshot for snapshot in batch if _pickles(snapshot)]
-            self._lost(len(batch) - len(sent), "a span could not be pickled")
-            return wire.frame(wire.Spans(sent)), len(sent)
+            self._lost(_ends(batch) - _ends(sent), "a span could not be pickled")
+            return wire.frame(wire.Spans(sent)), _ends(sent)
 
-    def _write(self, data: bytes) -> bool:
-        try:
-            self._process.stdin.write(data)  # type: ignore[union-attr]
-            self._process.stdin.flush()  # type: ignore[union-attr]
-        except (OSError, ValueError) as exc:  # a dead export process (EPIPE)
-            self._dead(f"the export process is gone ({type(exc).__name__}: {exc})")
-            return False
-        return True
+    def _checkpoint_if_due(self) -> None:
+        """A Flush now and then: its answer acknowledges every span sent before it."""
+        child = self._child
+        when, ends = child.last_checkpoint
+        if child.ends_sent > ends and time.monotonic() - when >= CHECKPOINT_INTERVAL_S:
+            with self._replies:
+                self._flush_seq += 1
+                seq = self._flush_seq
+            self._send_batch([], seq)
 
     def _codec_id(self, decode: Any, encode: Any) -> int:
         key = (decode, encode)  # bound methods compare equal for the same tokenizer
@@ -264,68 +346,158 @@ class OffloadSpanProcessor(SpanProcessor):
                 self._forgotten_codecs.append(wire.ForgetCodec(old_id))
         return codec_id
 
-    # ------------------------------------------------------------------ reply thread
+    # ------------------------------------------------------------------ supervision (sender thread)
 
-    def _reply_loop(self) -> None:
-        hello = self._read_reply()
-        if not isinstance(hello, wire.Hello) or hello.version != wire.VERSION:
-            if hello is not None:
-                why = f"the export process speaks wire version {hello.version}, this process {wire.VERSION}" \
-                    if isinstance(hello, wire.Hello) else f"the export process answered {hello!r}"
-                health.record_failure("offload.version", WireVersionError(why))
-                self._dead(why)
-            else:
-                self._dead("the export process exited")
-            self._ready.set()
-            return
-        self._ready.set()
+    def _answered_hello(self, child: "ExportProcess") -> bool:
+        child.hello.wait(self.start_timeout_s)
+        return child.speaks_our_version
+
+    def _replace_dead_child(self) -> bool:
+        """The export process is gone: count what it had not acknowledged, start another
+        for what is queued. False: none will run (stopped, or the outputs run here now)."""
+        dead = self._child
+        why = self._bury(dead)
         while True:
-            reply = self._read_reply()
-            if reply is None:  # the export process has exited
+            if self._closing:
+                self._stop(why)
+                return False
+            if dead.refusal:  # another otel_verl in place: a new export process would refuse too
+                self._fall_back(why)
+                return False
+            if not self._may_restart():
+                self._fall_back(f"the export process keeps dying ({why}; restarted {len(self._restarts)} "
+                                f"time(s) within the last minute)")
+                return False
+            logger.warning("otel_verl: %s; starting another export process", why)
+            try:
+                child = self._spawn()
+            except Exception as exc:
+                health.record_failure("offload.start", exc)
+                why = f"the export process could not start ({type(exc).__name__}: {exc})"
+                continue
+            with self._lifecycle:
                 if not self._closing:
-                    self._dead("the export process exited")
-                with self._replies:
-                    self._replies.notify_all()
-                return
-            self._merge_counts(reply.counts)
-            with self._replies:
-                self._answered = max(self._answered, reply.seq)
-                self._flushed_ok = reply.ok
-                self._replies.notify_all()
+                    self._child = child
+            if self._child is not child:  # shutdown began meanwhile
+                child.kill()
+                self._stop(why)
+                return False
+            self._forget_codecs()
+            if self._answered_hello(child):
+                return True
+            dead = child
+            why = self._bury(dead)
 
-    def _read_reply(self) -> Any:
+    def _bury(self, child: "ExportProcess", why: str = "") -> str:
+        """Counts once the spans ``child`` had not acknowledged; why it is gone."""
+        exiting = child.replies_ended.is_set() or child.write_failed
         try:
-            return wire.read_frame(self._reply_pipe)
-        except Exception as exc:
-            health.record_failure("offload.replies", exc)
-            return None
+            child.process.wait(GRACE_S if exiting else 0)
+        except subprocess.TimeoutExpired:
+            pass
+        why = why or child.why_gone()
+        child.kill()  # (it did not answer, or stopped reading: it may still run)
+        try:
+            child.process.wait(GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        child.replies_ended.wait(GRACE_S)  # its last answers acknowledge spans
+        child.close_input()
+        with self._replies:
+            lost, child.ends_acknowledged = child.ends_sent - child.ends_acknowledged, child.ends_sent
+        self._lost(lost, why)
+        self._fail_waiting_flushes()
+        return why
 
-    def _merge_counts(self, counts: Dict[str, Dict[str, int]]) -> None:
+    def _may_restart(self) -> bool:
+        now, recent = time.monotonic(), self._restarts
+        while recent and now - recent[0] > 60.0:
+            recent.popleft()
+        if len(recent) >= self.max_restarts_per_minute:
+            return False
+        recent.append(now)
+        return True
+
+    def _fall_back(self, why: str) -> None:
+        """No export process will run: this process writes its outputs itself from now on,
+        or, without them, counts every later span lost."""
+        outputs = None
+        if self.in_process_outputs is not None:
+            try:
+                outputs = IsolatingSpanProcessor()  # as the export process runs them
+                for processor in self.in_process_outputs():
+                    outputs.add_span_processor(processor)
+            except Exception as exc:
+                health.record_failure("offload.in_process", exc)
+                outputs = None
+        if outputs is None:
+            logger.warning("otel_verl: %s; this process's outputs are counted lost from now on", why)
+            self._stop(why)
+            return
+        with self._replies:
+            self._in_process = outputs
+        logger.warning("otel_verl: %s; this process writes its outputs itself from now on", why)
+        self._lost(self._drop_pending(), why)  # their starts went elsewhere, their payloads are unbound
+        self._fail_waiting_flushes()
+
+    # ------------------------------------------------------------------ reply threads
+
+    def _read_replies(self, child: "ExportProcess") -> None:
+        hello = child.read()
+        if isinstance(hello, wire.Hello) and hello.version == wire.VERSION:
+            child.speaks_our_version = True
+        elif hello is not None:
+            child.refusal = f"the export process speaks wire version {hello.version}, this process " \
+                f"{wire.VERSION}" if isinstance(hello, wire.Hello) else f"the export process answered {hello!r}"
+            health.record_failure("offload.version", WireVersionError(child.refusal))
+        child.hello.set()
+        while child.speaks_our_version:
+            reply = child.read()
+            if reply is None:  # the export process has exited
+                break
+            self._merge_counts(child, reply.counts)
+            with self._replies:
+                child.acknowledge(reply.seq, reply.ok)
+                if self._flush_results.get(reply.seq, False) is None:
+                    self._flush_results[reply.seq] = reply.ok
+                self._replies.notify_all()
+        child.replies.close()
+        child.replies_ended.set()
+        self._wake.set()  # the sender notices a death now, not at its next wake-up
+
+    def _merge_counts(self, child: "ExportProcess", counts: Dict[str, Dict[str, int]]) -> None:
         """The export process's own losses and failures, counted here too (once)."""
-        seen = self._host_counts
+        seen = child.counts_seen
         for name, count in counts.get("dropped", {}).items():
             health.record_dropped(name, count - seen["dropped"].get(name, 0), "counted in the export process")
         for name, count in counts.get("failures", {}).items():
             health.record_failures(name, count - seen["failures"].get(name, 0), "in the export process")
-        self._host_counts = counts
+        child.counts_seen = counts
 
     # ------------------------------------------------------------------ losses
 
-    def _dead(self, why: str) -> None:
-        if self._alive:
-            self._alive = False
-            self._why_dead = why
-        self._ready.set()
-        with self._replies:
-            self._replies.notify_all()
+    def _stop(self, why: str) -> None:
+        """Nothing more goes to an export process: what is queued and every later span is counted."""
+        if self._accepting:
+            self._accepting = False
+            self._why_stopped = why
         self._lost(self._drop_pending(), why)
+        self._fail_waiting_flushes()
+
+    def _fail_waiting_flushes(self) -> None:
+        """A flush whose spans may have been lost answers False."""
+        with self._replies:
+            for seq, answer in self._flush_results.items():
+                if answer is None:
+                    self._flush_results[seq] = False
+            self._replies.notify_all()
 
     def _drop_pending(self) -> int:
-        """Empties the queue; how many spans were in it."""
+        """Empties the queue; how many spans (ends) were in it."""
         pending, spans = self._pending, 0
         while pending:
             try:
-                spans += pending.popleft()[0] != FLUSH
+                spans += pending.popleft()[0] == ENDED
             except IndexError:  # another thread emptied it meanwhile
                 break
         return spans
@@ -337,12 +509,92 @@ class OffloadSpanProcessor(SpanProcessor):
         # The parent's export process and threads are the parent's. A forked child that
         # traces gets its own when its first span comes (most forked children never do).
         self._pending = deque()
-        self._process = None
-        self._alive, self._forked, self._why_dead = False, True, "forked child"
+        self._wake, self._replies, self._lifecycle = threading.Event(), threading.Condition(), threading.Lock()
+        self._flush_results = {}
+        self._child = None
+        self._accepting, self._forked, self._why_stopped = False, True, "forked child"
+
+
+class ExportProcess:
+    """One export process: its pipes, and the span ends it was sent and acknowledged."""
+
+    def __init__(self, process: subprocess.Popen, replies: Any) -> None:
+        self.process = process
+        self.replies = replies
+        self.hello = threading.Event()  # its Hello came, or its replies ended without one
+        self.speaks_our_version = False
+        self.refusal = ""  # why its Hello was refused
+        self.replies_ended = threading.Event()
+        self.write_failed = False
+        # guarded by the processor's reply lock:
+        self.ends_sent = 0  # span ends written (or being written) to it
+        self.ends_acknowledged = 0  # of those, the ones before its last answered Flush
+        self.checkpoints: deque = deque()  # (Flush seq, ends_sent then), not answered yet
+        self.last_checkpoint = (time.monotonic(), 0)  # (when, ends_sent then)
+        self.counts_seen: Dict[str, Dict[str, int]] = {"failures": {}, "dropped": {}}
+
+    def gone(self) -> bool:
+        return self.write_failed or self.replies_ended.is_set() or self.process.poll() is not None
+
+    def write(self, data: bytes) -> bool:
+        try:
+            self.process.stdin.write(data)  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):  # a dead export process (EPIPE)
+            self.write_failed = True
+            return False
+        return True
+
+    def read(self) -> Any:
+        try:
+            return wire.read_frame(self.replies)
+        except Exception as exc:
+            health.record_failure("offload.replies", exc)
+            return None
+
+    def acknowledge(self, seq: int, ok: bool) -> None:
+        """The answer to Flush ``seq``: with ``ok``, every span sent before it is written
+        (``FINAL``: every span it was sent)."""
+        if seq == wire.FINAL:
+            self.ends_acknowledged = self.ends_sent
+            return
+        while self.checkpoints and self.checkpoints[0][0] <= seq:
+            checkpoint, ends = self.checkpoints.popleft()
+            if ok and checkpoint == seq:
+                self.ends_acknowledged = max(self.ends_acknowledged, ends)
+
+    def close_input(self) -> None:
+        try:
+            self.process.stdin.close()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+
+    def why_gone(self) -> str:
+        if self.refusal:
+            return self.refusal
+        status = self.process.poll()
+        if status is None:
+            return "the export process stopped answering"
+        if status < 0:
+            try:
+                return f"the export process was killed by {signal.Signals(-status).name}"
+            except ValueError:
+                pass
+        return f"the export process exited with status {status}"
 
 
 class WireVersionError(Exception):
     """The export process speaks another wire version (otel_verl changed in place?)."""
+
+
+def _ends(snapshots: List[wire.SpanSnapshot]) -> int:
+    return sum(snapshot.end_time is not None for snapshot in snapshots)
 
 
 def _pickles(snapshot: wire.SpanSnapshot) -> bool:
@@ -351,6 +603,10 @@ def _pickles(snapshot: wire.SpanSnapshot) -> bool:
     except Exception:
         return False
     return True
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 _live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()

@@ -6,9 +6,11 @@ makes its payload readable (:func:`otel_verl.payload.bind`) and hands it to the 
 processors the served process would have run itself (``bootstrap.output_processors``:
 the legacy files, OTLP, the embedded OTLP-JSON files), with the served process's resource
 and its pid in the file names. Its stdout and stderr are the served process's (progress
-lines and warnings land where they would have). At the end of stdin (the served process
-shut its outputs down, or died) it flushes and shuts every output down, answers with
-its final counters and exits.
+lines and warnings land where they would have). It answers a Flush once its outputs
+have written everything before it, which tells the served process what it may count as
+written should this process die. At the end of stdin (the served process shut its
+outputs down, or died) it flushes and shuts every output down, answers with its final
+counters and exits.
 """
 
 from __future__ import annotations

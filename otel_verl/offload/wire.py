@@ -10,7 +10,9 @@ Traced process -> export process (its stdin):
   trajectory that names them; :class:`ForgetCodec` once no later trajectory will;
 - :class:`Spans`: span snapshots, in the order the spans started and ended;
 - :class:`Flush`: answered with :class:`Flushed` once everything sent before it has been
-  written and exported.
+  written and exported. That answer acknowledges those spans: the traced process sends a
+  Flush at least every second while spans flow, and counts as lost what an export process
+  died without acknowledging.
 
 Export process -> traced process (the reply pipe): :class:`Hello` first, then a
 :class:`Flushed` per :class:`Flush`, and one with ``seq`` :data:`FINAL` at exit.
