@@ -183,7 +183,9 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     from otel_verl.offload.wire import HostConfig
 
     config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
-    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects())
+    # past its restart limit, the worker writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
+    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects(),
+                                in_process_outputs=lambda: output_processors(cfg))
 
 
 def output_start_subjects() -> FrozenSet[Any]:

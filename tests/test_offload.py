@@ -219,7 +219,7 @@ def test_an_export_process_that_keeps_dying_gives_way_to_outputs_written_here(pi
     offloading, which the log says once."""
     caplog.set_level(logging.WARNING, logger="otel_verl")
     p = pipelines()
-    p.offload.in_process_outputs = lambda: bootstrap.output_processors(p.cfg_there)  # as a configurator hands them over
+    assert p.offload.in_process_outputs is not None  # bootstrap hands them over
     p.offload.max_restarts_per_minute = 1
     fault_workload.emit(1, UIDS, 4)
     assert p.provider.force_flush()
@@ -239,6 +239,7 @@ def test_an_export_process_that_keeps_dying_gives_way_to_outputs_written_here(pi
 def test_with_no_outputs_to_fall_back_on_later_spans_are_counted_not_raised(pipelines):
     p = pipelines()
     p.offload.max_restarts_per_minute = 0
+    p.offload.in_process_outputs = None
     fault_workload.emit(1, UIDS[:2], 2)
     assert p.provider.force_flush()
     p.offload._child.process.kill()
@@ -285,6 +286,7 @@ def test_a_lost_span_is_counted_once_at_its_end(pipelines, monkeypatch):
 
     monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
     p = pipelines()
+    p.offload.in_process_outputs = None  # nothing to fall back on: every span is lost
     fault_workload.emit(1, UIDS[:2], 2)
     assert not p.offload.force_flush(30_000)
     fault_workload.emit(2, UIDS[:2], 2, fit=False)
