@@ -138,7 +138,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from otel_verl.slim_span import SlimTracer
 
     global _processors
-    _processors = IsolatingSpanProcessor()
+    _processors = IsolatingSpanProcessor(timeout_s=cfg.shutdown_timeout_s)
     tracer_provider = TracerProvider(
         resource=_resource(role),
         sampler=record_dropped_samples(),
@@ -166,13 +166,15 @@ def output_processors(cfg: settings_mod.Settings) -> List[Any]:
     Also what the export process of :mod:`otel_verl.offload` runs."""
     processors = _legacy_processors(cfg)
     _legacy.extend(processors)
-    if cfg.otlp_endpoint:
-        processors.append(_batch_processor(_otlp_exporter(), "otlp"))
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        processors.append(_batch_processor(exporter, "otlp_json_file"))
+        processors.append(_batch_processor(exporter, "otlp_json_file", cfg.shutdown_timeout_s))
+    if cfg.otlp_endpoint:
+        # last: a collector that does not answer takes what is left of the shutdown
+        # deadline, not the files' share of it
+        processors.append(_batch_processor(_otlp_exporter(), "otlp", cfg.shutdown_timeout_s))
     return processors
 
 
@@ -245,19 +247,20 @@ def _otlp_exporter() -> Any:
 DEFAULT_BSP_MAX_QUEUE_SIZE = 16384
 
 
-def _batch_processor(exporter: Any, output: str) -> Any:
+def _batch_processor(exporter: Any, output: str,
+                     shutdown_timeout_s: float = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S) -> Any:
     """A batch span processor with its losses counted; the standard OTEL_BSP_* variables
     win over otel_verl's queue size."""
     from otel_verl.exporters.loss_counting import LossCountingProcessor
 
     if (os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or "").strip():
-        return LossCountingProcessor(exporter, output)
+        return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s)
     queue = DEFAULT_BSP_MAX_QUEUE_SIZE
     try:  # a larger export batch than our queue would be rejected by the SDK
         queue = max(queue, int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 0))
     except ValueError:
         pass  # the SDK warns about the bad value and uses its default batch size
-    return LossCountingProcessor(exporter, output, max_queue_size=queue)
+    return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s, max_queue_size=queue)
 
 
 def _resource(role: str) -> Any:

@@ -507,6 +507,84 @@ def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
     assert health.snapshot()["dropped"] == {"otlp": 5}
 
 
+def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
+    """The SDK's batch processor exports its whole queue in force_flush, whatever the
+    timeout: here 10 batches of 0.5 s each."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
+
+    class Slow(SpanExporter):
+        def __init__(self):
+            self.done = threading.Event()
+
+        def export(self, spans):
+            self.done.wait(0.5)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+
+    exporter = Slow()
+    pipeline = make_pipeline([LossCountingProcessor(exporter, "otlp", max_export_batch_size=2,
+                                                    schedule_delay_millis=60_000)])
+    events.samples_created([f"u{i}" for i in range(20)], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([f"u{i}" for i in range(20)], "trained")
+    t0 = time.monotonic()
+    flushed = pipeline.provider.force_flush(200)
+    elapsed = time.monotonic() - t0
+    exporter.done.set()  # the rest goes at once
+    assert flushed is False
+    assert elapsed < 0.2 + 2, elapsed
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(make_pipeline):
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.sampling import IsolatingSpanProcessor
+
+    release = threading.Event()
+
+    class Stuck(SpanExporter):
+        def export(self, spans):
+            release.wait(30)
+            return SpanExportResult.FAILURE
+
+        def shutdown(self):
+            pass
+
+    class Hung:
+        def on_start(self, span, parent_context=None):
+            pass
+
+        def on_end(self, span):
+            pass
+
+        def shutdown(self):  # takes no timeout: waited for until the deadline only
+            release.wait(30)
+
+        def force_flush(self, timeout_millis=30000):
+            return True
+
+    budget = IsolatingSpanProcessor(timeout_s=0.5)
+    for processor in (LossCountingProcessor(Stuck(), "otlp", schedule_delay_millis=10), Hung(),
+                      LossCountingProcessor(Stuck(), "otlp_json_file", schedule_delay_millis=10)):
+        budget.add_span_processor(processor)
+    make_pipeline([budget])
+    events.samples_created([f"u{i}" for i in range(5)], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([f"u{i}" for i in range(5)], "trained")
+    time.sleep(0.1)  # both batch processors are now stuck exporting
+    t0 = time.monotonic()
+    budget.shutdown()
+    elapsed = time.monotonic() - t0
+    release.set()
+    assert elapsed < 0.5 + 2, elapsed
+    assert health.snapshot()["dropped"] == {"otlp": 5, "otlp_json_file": 5}
+    assert health.snapshot()["failures"] == {"span_processor.Hung.shutdown": 1}
+
+
 def test_spans_dropped_from_a_full_queue_are_counted_at_the_next_flush(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
