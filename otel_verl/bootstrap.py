@@ -24,6 +24,7 @@ the wrappers ask for it through :func:`provider_for_role` when they first fire.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -33,6 +34,7 @@ import uuid
 from typing import Any, FrozenSet, List, Optional
 
 from otel_verl import health, settings as settings_mod
+from otel_verl.deadline import Deadline
 from otel_verl.semconv import Role
 from otel_verl import semconv as sc
 
@@ -43,6 +45,7 @@ _provider: Any = None
 _processors: Any = None  # its IsolatingSpanProcessor
 _settings: Optional[settings_mod.Settings] = None
 _legacy: List[Any] = []  # legacy processors, flushed on shutdown
+_shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
 _atexit_registered = False
 _sigterm_installed = False
 
@@ -145,6 +148,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
         id_generator=UidIdGenerator(),
         # a raising span processor is counted (health), never raised into training code
         active_span_processor=_processors,
+        shutdown_on_exit=False,  # ours, within the shutdown deadline
     )
     if cfg.offloads(role):
         tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))
@@ -178,13 +182,19 @@ def output_processors(cfg: settings_mod.Settings) -> List[Any]:
     return processors
 
 
+EXPORT_PROCESS_SHARE = 0.75
+
+
 def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     """One processor handing every span to an export process that runs
     :func:`output_processors` (see :mod:`otel_verl.offload`)."""
     from otel_verl.offload.forwarder import OffloadSpanProcessor
     from otel_verl.offload.wire import HostConfig
 
-    config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
+    # the export process keeps a share of the shutdown deadline: the rest is for sending it
+    # the last spans and reading back what it could not export
+    host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=cfg.shutdown_timeout_s * EXPORT_PROCESS_SHARE)
+    config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
     return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects())
 
 
@@ -315,23 +325,33 @@ def _ray_ids() -> dict:
 # --------------------------------------------------------------------------- shutdown
 
 
-def flush(timeout_s: float = 30.0) -> bool:
-    """Export and write everything accepted so far."""
+def flush(timeout_s: Optional[float] = None) -> bool:
+    """Export and write everything accepted so far, waiting at most ``timeout_s`` (default
+    ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``). False when not all of it was done in time: the
+    rest is still exported later, or counted as lost at shutdown."""
     if _provider is None:
         return True
     try:
-        return bool(_provider.force_flush(int(timeout_s * 1000)))
+        return bool(_provider.force_flush(int(_timeout_s(timeout_s) * 1000)))
     except Exception as exc:
         health.record_failure("bootstrap.flush", exc)
         return False
 
 
-def shutdown() -> None:
-    """End open sample spans, flush every output, stop the exporters. Idempotent."""
-    global _provider
+def shutdown(timeout_s: Optional[float] = None) -> None:
+    """End open sample spans, flush every output, stop the exporters, all within
+    ``timeout_s`` (default ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``): spans not exported by then
+    are counted as lost. Idempotent; a call during another thread's shutdown waits for it."""
+    global _provider, _shut_down
+    deadline = Deadline(_timeout_s(timeout_s))
     with _lock:
         provider, _provider = _provider, None
+        if provider is not None:
+            _shut_down = threading.Event()
+        shut_down, processors = _shut_down, _processors
     if provider is None:
+        if shut_down is not None:
+            shut_down.wait(deadline.left_s())
         return
     from otel_verl import events
     from otel_verl.instrumentation import tracing
@@ -339,13 +359,24 @@ def shutdown() -> None:
     try:
         events.end_open_samples()
         events.end_open_prompt_tasks()
-        provider.shutdown()
+    except Exception as exc:
+        health.record_failure("bootstrap.shutdown", exc)
+    tracing.stop()  # a span ending from here on would reach outputs being closed
+    try:
+        processors.shutdown(timeout_millis=deadline.left_ms())
     except Exception as exc:
         health.record_failure("bootstrap.shutdown", exc)
     finally:
-        tracing.stop()
         _legacy.clear()
         _report_losses()
+        shut_down.set()
+
+
+def _timeout_s(timeout_s: Optional[float]) -> float:
+    if timeout_s is not None:
+        return timeout_s
+    cfg = _settings
+    return cfg.shutdown_timeout_s if cfg is not None else settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
 def _report_losses() -> None:
@@ -383,8 +414,9 @@ def _after_fork_in_child() -> None:
     # The SDK's BatchSpanProcessor and our writers restart their threads in the child
     # themselves. Locks another thread held at fork time would never be released here,
     # and the samples and step the parent opened are the parent's to end.
-    global _lock
+    global _lock, _shut_down
     _lock = threading.RLock()
+    _shut_down = None  # a shutdown the parent had under way is the parent's
     from otel_verl import events
 
     events._after_fork_in_child()

@@ -137,6 +137,52 @@ def test_otlp_endpoint_faults_never_block_and_are_counted(tmp_path, fault, proto
     assert_legacy_complete(tmp_path / "trace", expect)
 
 
+BUDGET_S = 2  # OTEL_VERL_SHUTDOWN_TIMEOUT_S of the deadline cases
+
+_BUDGET_WORKLOAD = """
+    import time
+    import otel_verl, fault_workload as w
+    assert otel_verl.configure()
+    counter = w.attach_counter()
+    outputs = w.Outputs()
+    w.emit(1, w.new_uids(4), 2)
+    time.sleep(0.3)  # a batch is on its way to the collector
+    t0 = time.perf_counter()
+    flushed = otel_verl.flush()
+    flush_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    otel_verl.shutdown()
+    w.print_result(outputs.report(spans=counter.sampled, flushed=flushed, flush_s=flush_s,
+                                  shutdown_s=time.perf_counter() - t0))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_flush_and_shutdown_keep_their_budget_against_a_collector_that_never_answers(tmp_path, protocol):
+    """Each batch would wait out the exporter's 10 s timeout: the budget caps the flush
+    and the shutdown, and what was not exported by then is counted."""
+    with fault_server("silent") as port:
+        env = {
+            "VERL_TRACE_DIR": str(tmp_path / "trace"),
+            "OTEL_VERL_OTLP_FILE": "1",  # beside OTLP: the files get their share of the deadline
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(BUDGET_S),
+        }
+        result = w.parse_result(w.run_python(_BUDGET_WORKLOAD, env, timeout=60).stdout)
+    expect = w.expected(4, 2)
+    assert result["flushed"] is False
+    assert result["flush_s"] < BUDGET_S + 2, result["flush_s"]
+    assert result["shutdown_s"] < BUDGET_S + 2, result["shutdown_s"]
+    assert result["spans"] == expect["spans"]
+    assert result["exported"] == {"otlp": 0, "otlp_json_file": expect["spans"]}
+    assert result["health"]["dropped"] == {"otlp": expect["spans"]}
+    assert_legacy_complete(tmp_path / "trace", expect, otlp_files=True)
+
+
 def test_otlp_endpoint_control_case_exports_everything(tmp_path):
     """The same workload against a working OTLP/HTTP receiver: nothing dropped (the
     matrix's counts above are the workload's, not an artefact of the failure)."""
