@@ -23,6 +23,7 @@ the wrappers ask for it through :func:`provider_for_role` when they first fire.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import dataclasses
 import logging
@@ -48,6 +49,7 @@ _legacy: List[Any] = []  # legacy processors, flushed on shutdown
 _shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
 _atexit_registered = False
 _sigterm_installed = False
+_terminating = False  # SIGTERM came: the process dies of it once tracing is shut down
 
 
 def configure(
@@ -388,7 +390,7 @@ def _report_losses() -> None:
 def _register_shutdown() -> None:
     global _atexit_registered, _sigterm_installed
     if not _atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
         _atexit_registered = True
@@ -402,11 +404,31 @@ def _register_shutdown() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """Flush, then die of SIGTERM as the process would have without us."""
+    """Hands the shutdown to a new thread and returns: the code this handler interrupted
+    may hold a lock the shutdown takes, and would never release it under the handler."""
+    global _terminating
+    _terminating = True
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    try:
+        # threading.Thread.start takes threading's own lock, which the interrupted code
+        # may hold too; _thread takes none
+        _thread.start_new_thread(_terminate, ())
+    except Exception:  # no thread to be had: die now, as without us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _terminate() -> None:
+    """Shut tracing down (within its deadline), then die of SIGTERM as the process would
+    have without us."""
     try:
         shutdown()
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _shutdown_at_exit() -> None:
+    shutdown()  # waits for one under way (SIGTERM's, when the main thread ends meanwhile)
+    if _terminating:
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -807,6 +807,58 @@ def test_sigterm_while_idle_flushes_and_dies_of_sigterm(tmp_path):
     _assert_everything_flushed(trace)
 
 
+_SIGTERM_IN_A_BATCH = """
+    import time
+    import otel_verl, fault_workload as w
+    from otel_verl import health
+    assert otel_verl.configure()
+    counter = w.attach_counter()
+    w.emit(1, w.new_uids(4), 2)
+    time.sleep(0.3)  # a batch is on its way to a collector that never answers
+    print("SPANS", counter.sampled, flush=True)
+    # SIGTERM comes while this thread holds a lock the shutdown takes (as when it
+    # interrupts a span ending and counting a loss)
+    with health._lock:
+        print("READY", flush=True)
+        time.sleep(1.0)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("offload", ["0", "1"])
+def test_sigterm_during_a_batch_to_a_silent_collector_dies_within_the_budget(tmp_path, offload):
+    import ast
+    import re
+
+    with fault_server("silent") as port:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_VERL_OFFLOAD": offload,  # 1: the spans are exported by the export process
+            "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(BUDGET_S),
+        }
+        proc = w.popen_python(_SIGTERM_IN_A_BATCH, env)
+        try:
+            lines = iter(proc.stdout.readline, "")
+            spans = next(int(line.split()[1]) for line in lines if line.startswith("SPANS "))
+            assert next(lines).strip() == "READY"
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=BUDGET_S + 20)
+            elapsed = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err[-4000:]
+    assert elapsed < BUDGET_S + 2, elapsed
+    report = re.search(r"at shutdown: dropped=(\{.*?\}) failures=", err)
+    assert report, err[-4000:]
+    assert ast.literal_eval(report.group(1)) == {"otlp": spans}
+
+
 # --------------------------------------------------------------------------- 8. hour boundary
 
 
