@@ -23,7 +23,9 @@ the wrappers ask for it through :func:`provider_for_role` when they first fire.
 
 from __future__ import annotations
 
+import _thread
 import atexit
+import dataclasses
 import logging
 import os
 import signal
@@ -33,6 +35,7 @@ import uuid
 from typing import Any, FrozenSet, List, Optional
 
 from otel_verl import health, settings as settings_mod
+from otel_verl.deadline import Deadline
 from otel_verl.semconv import Role
 from otel_verl import semconv as sc
 
@@ -43,8 +46,10 @@ _provider: Any = None
 _processors: Any = None  # its IsolatingSpanProcessor
 _settings: Optional[settings_mod.Settings] = None
 _legacy: List[Any] = []  # legacy processors, flushed on shutdown
+_shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
 _atexit_registered = False
 _sigterm_installed = False
+_terminating = False  # SIGTERM came: the process dies of it once tracing is shut down
 
 
 def configure(
@@ -138,13 +143,14 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     from otel_verl.slim_span import SlimTracer
 
     global _processors
-    _processors = IsolatingSpanProcessor()
+    _processors = IsolatingSpanProcessor(timeout_s=cfg.shutdown_timeout_s)
     tracer_provider = TracerProvider(
         resource=_resource(role),
         sampler=record_dropped_samples(),
         id_generator=UidIdGenerator(),
         # a raising span processor is counted (health), never raised into training code
         active_span_processor=_processors,
+        shutdown_on_exit=False,  # ours, within the shutdown deadline
     )
     if cfg.offloads(role):
         tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))
@@ -166,14 +172,19 @@ def output_processors(cfg: settings_mod.Settings) -> List[Any]:
     Also what the export process of :mod:`otel_verl.offload` runs."""
     processors = _legacy_processors(cfg)
     _legacy.extend(processors)
-    if cfg.otlp_endpoint:
-        processors.append(_batch_processor(_otlp_exporter(), "otlp"))
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        processors.append(_batch_processor(exporter, "otlp_json_file"))
+        processors.append(_batch_processor(exporter, "otlp_json_file", cfg.shutdown_timeout_s))
+    if cfg.otlp_endpoint:
+        # last: a collector that does not answer takes what is left of the shutdown
+        # deadline, not the files' share of it
+        processors.append(_batch_processor(_otlp_exporter(), "otlp", cfg.shutdown_timeout_s))
     return processors
+
+
+EXPORT_PROCESS_SHARE = 0.75
 
 
 def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
@@ -182,10 +193,14 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     from otel_verl.offload.forwarder import OffloadSpanProcessor
     from otel_verl.offload.wire import HostConfig
 
-    config = HostConfig(cfg, dict(resource.attributes), resource.schema_url, os.getpid())
+    # the export process keeps a share of the shutdown deadline: the rest is for sending it
+    # the last spans and reading back what it could not export
+    host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=cfg.shutdown_timeout_s * EXPORT_PROCESS_SHARE)
+    config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
     # past its restart limit, the worker writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
     return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects(),
-                                in_process_outputs=lambda: output_processors(cfg))
+                                in_process_outputs=lambda: output_processors(cfg),
+                                shutdown_timeout_s=cfg.shutdown_timeout_s)
 
 
 def output_start_subjects() -> FrozenSet[Any]:
@@ -247,19 +262,20 @@ def _otlp_exporter() -> Any:
 DEFAULT_BSP_MAX_QUEUE_SIZE = 16384
 
 
-def _batch_processor(exporter: Any, output: str) -> Any:
+def _batch_processor(exporter: Any, output: str,
+                     shutdown_timeout_s: float = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S) -> Any:
     """A batch span processor with its losses counted; the standard OTEL_BSP_* variables
     win over otel_verl's queue size."""
     from otel_verl.exporters.loss_counting import LossCountingProcessor
 
     if (os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or "").strip():
-        return LossCountingProcessor(exporter, output)
+        return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s)
     queue = DEFAULT_BSP_MAX_QUEUE_SIZE
     try:  # a larger export batch than our queue would be rejected by the SDK
         queue = max(queue, int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 0))
     except ValueError:
         pass  # the SDK warns about the bad value and uses its default batch size
-    return LossCountingProcessor(exporter, output, max_queue_size=queue)
+    return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s, max_queue_size=queue)
 
 
 def _resource(role: str) -> Any:
@@ -319,23 +335,33 @@ def _ray_ids() -> dict:
 # --------------------------------------------------------------------------- shutdown
 
 
-def flush(timeout_s: float = 30.0) -> bool:
-    """Export and write everything accepted so far."""
+def flush(timeout_s: Optional[float] = None) -> bool:
+    """Export and write everything accepted so far, waiting at most ``timeout_s`` (default
+    ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``). False when not all of it was done in time: the
+    rest is still exported later, or counted as lost at shutdown."""
     if _provider is None:
         return True
     try:
-        return bool(_provider.force_flush(int(timeout_s * 1000)))
+        return bool(_provider.force_flush(int(_timeout_s(timeout_s) * 1000)))
     except Exception as exc:
         health.record_failure("bootstrap.flush", exc)
         return False
 
 
-def shutdown() -> None:
-    """End open sample spans, flush every output, stop the exporters. Idempotent."""
-    global _provider
+def shutdown(timeout_s: Optional[float] = None) -> None:
+    """End open sample spans, flush every output, stop the exporters, all within
+    ``timeout_s`` (default ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``): spans not exported by then
+    are counted as lost. Idempotent; a call during another thread's shutdown waits for it."""
+    global _provider, _shut_down
+    deadline = Deadline(_timeout_s(timeout_s))
     with _lock:
         provider, _provider = _provider, None
+        if provider is not None:
+            _shut_down = threading.Event()
+        shut_down, processors = _shut_down, _processors
     if provider is None:
+        if shut_down is not None:
+            shut_down.wait(deadline.left_s())
         return
     from otel_verl import events
     from otel_verl.instrumentation import tracing
@@ -343,13 +369,24 @@ def shutdown() -> None:
     try:
         events.end_open_samples()
         events.end_open_prompt_tasks()
-        provider.shutdown()
+    except Exception as exc:
+        health.record_failure("bootstrap.shutdown", exc)
+    tracing.stop()  # a span ending from here on would reach outputs being closed
+    try:
+        processors.shutdown(timeout_millis=deadline.left_ms())
     except Exception as exc:
         health.record_failure("bootstrap.shutdown", exc)
     finally:
-        tracing.stop()
         _legacy.clear()
         _report_losses()
+        shut_down.set()
+
+
+def _timeout_s(timeout_s: Optional[float]) -> float:
+    if timeout_s is not None:
+        return timeout_s
+    cfg = _settings
+    return cfg.shutdown_timeout_s if cfg is not None else settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
 def _report_losses() -> None:
@@ -361,7 +398,7 @@ def _report_losses() -> None:
 def _register_shutdown() -> None:
     global _atexit_registered, _sigterm_installed
     if not _atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
         _atexit_registered = True
@@ -375,11 +412,31 @@ def _register_shutdown() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """Flush, then die of SIGTERM as the process would have without us."""
+    """Hands the shutdown to a new thread and returns: the code this handler interrupted
+    may hold a lock the shutdown takes, and would never release it under the handler."""
+    global _terminating
+    _terminating = True
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    try:
+        # threading.Thread.start takes threading's own lock, which the interrupted code
+        # may hold too; _thread takes none
+        _thread.start_new_thread(_terminate, ())
+    except Exception:  # no thread to be had: die now, as without us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _terminate() -> None:
+    """Shut tracing down (within its deadline), then die of SIGTERM as the process would
+    have without us."""
     try:
         shutdown()
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _shutdown_at_exit() -> None:
+    shutdown()  # waits for one under way (SIGTERM's, when the main thread ends meanwhile)
+    if _terminating:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -387,8 +444,9 @@ def _after_fork_in_child() -> None:
     # The SDK's BatchSpanProcessor and our writers restart their threads in the child
     # themselves. Locks another thread held at fork time would never be released here,
     # and the samples and step the parent opened are the parent's to end.
-    global _lock
+    global _lock, _shut_down
     _lock = threading.RLock()
+    _shut_down = None  # a shutdown the parent had under way is the parent's
     from otel_verl import events
 
     events._after_fork_in_child()

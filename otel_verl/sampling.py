@@ -9,12 +9,13 @@
   exceptions counted instead of raised: the SDK's ``SynchronousMultiSpanProcessor`` calls
   them in a row without catching, so one raising processor (ours or another library's)
   would reach the traced code and keep the processors after it from seeing the span.
+  Its flush and shutdown give the processors one deadline and wait for none past it.
 """
 
 from __future__ import annotations
 
 import contextvars
-import time
+import inspect
 from typing import Any, Dict, Optional, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -22,7 +23,9 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from otel_verl import health
+from otel_verl.deadline import Call, Deadline, Late
 from otel_verl.payload import payload_of
+from otel_verl.settings import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
@@ -106,7 +109,8 @@ class IsolatingSpanProcessor(SpanProcessor):
     not called for the others. A rollout worker's LLM, tool and reward spans then reach
     only the processors that write something for them."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s  # a flush or shutdown given no timeout
         self.processors: Tuple[SpanProcessor, ...] = ()
         self._starts: Dict[Any, Tuple[SpanProcessor, ...]] = {}  # payload subject -> who reads its starts
         self._ends: Dict[Any, Tuple[SpanProcessor, ...]] = {}
@@ -138,27 +142,53 @@ class IsolatingSpanProcessor(SpanProcessor):
             except Exception as exc:
                 _processor_failed(sp, "on_end", exc)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        """Shuts every processor down within one deadline (``timeout_millis``, else
+        :attr:`timeout_s`). A processor whose ``shutdown`` takes ``timeout_millis`` is called
+        in turn with what is left, and keeps it, counting what it could not export (as
+        :class:`~otel_verl.exporters.loss_counting.LossCountingProcessor` does). The others
+        run meanwhile, each on a thread of its own, and are waited for until the deadline
+        only: one that is late is counted as failed."""
+        deadline = self._deadline(timeout_millis)
+        others = [(sp, Call(sp.shutdown)) for sp in self.processors if not _takes_timeout(sp.shutdown)]
         for sp in self.processors:
+            if _takes_timeout(sp.shutdown):
+                try:
+                    sp.shutdown(timeout_millis=deadline.left_ms())
+                except Exception as exc:
+                    _processor_failed(sp, "shutdown", exc)
+        for sp, call in others:
             try:
-                sp.shutdown()
+                call.result(deadline)
             except Exception as exc:
                 _processor_failed(sp, "shutdown", exc)
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        deadline_ns = time.monotonic_ns() + timeout_millis * 1_000_000
+    def force_flush(self, timeout_millis: Optional[int] = None) -> bool:
+        """Flushes every processor at once, each on a thread of its own with what is left
+        of one deadline (``timeout_millis``, else :attr:`timeout_s`), and waits for none
+        past it: the SDK's batch processor exports its whole queue whatever the timeout."""
+        deadline = self._deadline(timeout_millis)
+        calls = [(sp, Call(sp.force_flush, deadline.left_ms())) for sp in self.processors]
         flushed = True
-        for sp in self.processors:
-            left_ms = (deadline_ns - time.monotonic_ns()) // 1_000_000
-            if left_ms <= 0:
-                return False
+        for sp, call in calls:
             try:
-                if sp.force_flush(left_ms) is False:
-                    flushed = False
+                flushed = call.result(deadline) is not False and flushed
+            except Late:
+                flushed = False
             except Exception as exc:
                 _processor_failed(sp, "force_flush", exc)
                 flushed = False
         return flushed
+
+    def _deadline(self, timeout_millis: Optional[int]) -> Deadline:
+        return Deadline(self.timeout_s if timeout_millis is None else timeout_millis / 1000)
+
+
+def _takes_timeout(method: Any) -> bool:
+    try:
+        return "timeout_millis" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
 
 
 def _readers(processors: Tuple[SpanProcessor, ...], attribute: str, subject: Any) -> Tuple[SpanProcessor, ...]:

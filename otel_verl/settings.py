@@ -25,6 +25,7 @@ MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
 WRITER_MAX_PENDING = "OTEL_VERL_WRITER_MAX_PENDING"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
 OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers
+SHUTDOWN_TIMEOUT_S = "OTEL_VERL_SHUTDOWN_TIMEOUT_S"  # seconds a flush or shutdown may take, all outputs together
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -34,6 +35,10 @@ TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 # Variables a worker process needs to trace like the driver does.
 FORWARDED_PREFIXES = ("OTEL_", "OTEL_VERL_")
 FORWARDED_NAMES = (TRACE_DIR, "DLC_JOB_ID")
+
+
+# Kubernetes sends SIGKILL 30 s after SIGTERM; the process itself may need the rest.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 class ConfigError(ValueError):
@@ -69,6 +74,19 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
+def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a positive number of seconds") from None
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise ConfigError(f"{name}={raw!r}: expected a positive number of seconds")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     trace_dir: Optional[str]
@@ -83,6 +101,7 @@ class Settings:
     otlp_file: Optional[bool]
     sdk_disabled: bool
     offload: Optional[bool] = None  # None: decided by role
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # one flush or shutdown, every output together
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
@@ -133,6 +152,7 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         otlp_file=None if env.get(OTLP_FILE) is None else _flag(env, OTLP_FILE, True),
         sdk_disabled=_flag(env, SDK_DISABLED, False),
         offload=None if env.get(OFFLOAD) is None else _flag(env, OFFLOAD, False),
+        shutdown_timeout_s=_positive_seconds(env, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
     )
 
 

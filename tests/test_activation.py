@@ -50,6 +50,14 @@ def test_bad_switch_value_is_a_clear_user_error():
         settings.load({"OTEL_VERL_JSONL_MAX_MB": "-3"})
 
 
+def test_shutdown_timeout_is_positive_seconds():
+    assert settings.load({}).shutdown_timeout_s == settings.DEFAULT_SHUTDOWN_TIMEOUT_S == 10.0
+    assert settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": "2.5"}).shutdown_timeout_s == 2.5
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        with pytest.raises(settings.ConfigError, match=f"OTEL_VERL_SHUTDOWN_TIMEOUT_S='{bad}'"):
+            settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": bad})
+
+
 def test_rollout_workers_offload_their_outputs_by_default():
     from otel_verl.semconv import Role
 

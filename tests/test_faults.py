@@ -137,6 +137,52 @@ def test_otlp_endpoint_faults_never_block_and_are_counted(tmp_path, fault, proto
     assert_legacy_complete(tmp_path / "trace", expect)
 
 
+BUDGET_S = 2  # OTEL_VERL_SHUTDOWN_TIMEOUT_S of the deadline cases
+
+_BUDGET_WORKLOAD = """
+    import time
+    import otel_verl, fault_workload as w
+    assert otel_verl.configure()
+    counter = w.attach_counter()
+    outputs = w.Outputs()
+    w.emit(1, w.new_uids(4), 2)
+    time.sleep(0.3)  # a batch is on its way to the collector
+    t0 = time.perf_counter()
+    flushed = otel_verl.flush()
+    flush_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    otel_verl.shutdown()
+    w.print_result(outputs.report(spans=counter.sampled, flushed=flushed, flush_s=flush_s,
+                                  shutdown_s=time.perf_counter() - t0))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_flush_and_shutdown_keep_their_budget_against_a_collector_that_never_answers(tmp_path, protocol):
+    """Each batch would wait out the exporter's 10 s timeout: the budget caps the flush
+    and the shutdown, and what was not exported by then is counted."""
+    with fault_server("silent") as port:
+        env = {
+            "VERL_TRACE_DIR": str(tmp_path / "trace"),
+            "OTEL_VERL_OTLP_FILE": "1",  # beside OTLP: the files get their share of the deadline
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(BUDGET_S),
+        }
+        result = w.parse_result(w.run_python(_BUDGET_WORKLOAD, env, timeout=60).stdout)
+    expect = w.expected(4, 2)
+    assert result["flushed"] is False
+    assert result["flush_s"] < BUDGET_S + 2, result["flush_s"]
+    assert result["shutdown_s"] < BUDGET_S + 2, result["shutdown_s"]
+    assert result["spans"] == expect["spans"]
+    assert result["exported"] == {"otlp": 0, "otlp_json_file": expect["spans"]}
+    assert result["health"]["dropped"] == {"otlp": expect["spans"]}
+    assert_legacy_complete(tmp_path / "trace", expect, otlp_files=True)
+
+
 def test_otlp_endpoint_control_case_exports_everything(tmp_path):
     """The same workload against a working OTLP/HTTP receiver: nothing dropped (the
     matrix's counts above are the workload's, not an artefact of the failure)."""
@@ -507,6 +553,84 @@ def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
     assert health.snapshot()["dropped"] == {"otlp": 5}
 
 
+def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
+    """The SDK's batch processor exports its whole queue in force_flush, whatever the
+    timeout: here 10 batches of 0.5 s each."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
+
+    class Slow(SpanExporter):
+        def __init__(self):
+            self.done = threading.Event()
+
+        def export(self, spans):
+            self.done.wait(0.5)
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self):
+            pass
+
+    exporter = Slow()
+    pipeline = make_pipeline([LossCountingProcessor(exporter, "otlp", max_export_batch_size=2,
+                                                    schedule_delay_millis=60_000)])
+    events.samples_created([f"u{i}" for i in range(20)], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([f"u{i}" for i in range(20)], "trained")
+    t0 = time.monotonic()
+    flushed = pipeline.provider.force_flush(200)
+    elapsed = time.monotonic() - t0
+    exporter.done.set()  # the rest goes at once
+    assert flushed is False
+    assert elapsed < 0.2 + 2, elapsed
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(make_pipeline):
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.sampling import IsolatingSpanProcessor
+
+    release = threading.Event()
+
+    class Stuck(SpanExporter):
+        def export(self, spans):
+            release.wait(30)
+            return SpanExportResult.FAILURE
+
+        def shutdown(self):
+            pass
+
+    class Hung:
+        def on_start(self, span, parent_context=None):
+            pass
+
+        def on_end(self, span):
+            pass
+
+        def shutdown(self):  # takes no timeout: waited for until the deadline only
+            release.wait(30)
+
+        def force_flush(self, timeout_millis=30000):
+            return True
+
+    budget = IsolatingSpanProcessor(timeout_s=0.5)
+    for processor in (LossCountingProcessor(Stuck(), "otlp", schedule_delay_millis=10), Hung(),
+                      LossCountingProcessor(Stuck(), "otlp_json_file", schedule_delay_millis=10)):
+        budget.add_span_processor(processor)
+    make_pipeline([budget])
+    events.samples_created([f"u{i}" for i in range(5)], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([f"u{i}" for i in range(5)], "trained")
+    time.sleep(0.1)  # both batch processors are now stuck exporting
+    t0 = time.monotonic()
+    budget.shutdown()
+    elapsed = time.monotonic() - t0
+    release.set()
+    assert elapsed < 0.5 + 2, elapsed
+    assert health.snapshot()["dropped"] == {"otlp": 5, "otlp_json_file": 5}
+    assert health.snapshot()["failures"] == {"span_processor.Hung.shutdown": 1}
+
+
 def test_spans_dropped_from_a_full_queue_are_counted_at_the_next_flush(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -681,6 +805,58 @@ def test_sigterm_while_idle_flushes_and_dies_of_sigterm(tmp_path):
             proc.kill()
     assert proc.returncode == -signal.SIGTERM, err[-4000:]
     _assert_everything_flushed(trace)
+
+
+_SIGTERM_IN_A_BATCH = """
+    import time
+    import otel_verl, fault_workload as w
+    from otel_verl import health
+    assert otel_verl.configure()
+    counter = w.attach_counter()
+    w.emit(1, w.new_uids(4), 2)
+    time.sleep(0.3)  # a batch is on its way to a collector that never answers
+    print("SPANS", counter.sampled, flush=True)
+    # SIGTERM comes while this thread holds a lock the shutdown takes (as when it
+    # interrupts a span ending and counting a loss)
+    with health._lock:
+        print("READY", flush=True)
+        time.sleep(1.0)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("offload", ["0", "1"])
+def test_sigterm_during_a_batch_to_a_silent_collector_dies_within_the_budget(tmp_path, offload):
+    import ast
+    import re
+
+    with fault_server("silent") as port:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_VERL_OFFLOAD": offload,  # 1: the spans are exported by the export process
+            "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(BUDGET_S),
+        }
+        proc = w.popen_python(_SIGTERM_IN_A_BATCH, env)
+        try:
+            lines = iter(proc.stdout.readline, "")
+            spans = next(int(line.split()[1]) for line in lines if line.startswith("SPANS "))
+            assert next(lines).strip() == "READY"
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=BUDGET_S + 20)
+            elapsed = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err[-4000:]
+    assert elapsed < BUDGET_S + 2, elapsed
+    report = re.search(r"at shutdown: dropped=(\{.*?\}) failures=", err)
+    assert report, err[-4000:]
+    assert ast.literal_eval(report.group(1)) == {"otlp": spans}
 
 
 # --------------------------------------------------------------------------- 8. hour boundary

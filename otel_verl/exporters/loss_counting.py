@@ -11,14 +11,13 @@ from a full queue; after shutdown, whatever is left was never sent.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from otel_verl import health
-
-DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+from otel_verl.settings import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
 class CountingExporter(SpanExporter):
@@ -65,8 +64,9 @@ class CountingExporter(SpanExporter):
 
 class LossCountingProcessor(SpanProcessor):
     """A ``BatchSpanProcessor`` (``batch_options``: its constructor's arguments) exporting
-    to ``exporter``, with every lost span counted under ``output``. Shutdown waits at most
-    ``shutdown_timeout_s`` for the batch processor."""
+    to ``exporter``, with every lost span counted under ``output``. Shutdown waits for the
+    batch processor at most ``shutdown_timeout_s`` and at most the ``timeout_millis`` it is
+    given; the spans not exported by then are counted as lost."""
 
     on_start_subjects: frozenset = frozenset()  # a batch processor reads ended spans only
 
@@ -95,11 +95,15 @@ class LossCountingProcessor(SpanProcessor):
             self._count_missing(handed, "span queue full (OTEL_BSP_MAX_QUEUE_SIZE)")
         return flushed
 
-    def shutdown(self) -> None:
-        # The SDK waits up to 30 s per batch processor; ours keeps its own deadline.
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        timeout_s = self.shutdown_timeout_s
+        if timeout_millis is not None:
+            timeout_s = min(timeout_s, timeout_millis / 1000)
+        # The SDK waits up to 30 s per batch processor, and then for the batch in flight;
+        # what is not exported by our deadline is counted as lost.
         closing = threading.Thread(target=self.batch.shutdown, name="otel-verl-batch-shutdown", daemon=True)
         closing.start()
-        closing.join(self.shutdown_timeout_s)
+        closing.join(timeout_s)
         with self.exporter.lock:
             self.exporter.closed = True
         self._count_missing(self.handed, "not exported (queue full, or still queued at the shutdown timeout)")

@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable, Iterator, List, Optional
 
 from otel_verl import events, health
+from otel_verl.deadline import Deadline
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Outcome, Role, Stage
@@ -107,27 +108,37 @@ def fit_started(instance: Any) -> None:
 
 
 def fit_finished(actors: List[Any]) -> None:
-    """End what the step loop left open and make every process write its spans out."""
+    """End what the step loop left open and make every process write its spans out, all
+    within one flush timeout: the actors flush while this process does."""
     end_record_metrics()
     events.step_end()
-    tracing.flush()
-    flush_actors(actors)
+    deadline = Deadline(tracing.flush_timeout_s())
+    flushing = flush_actors(actors)
+    tracing.flush(deadline.left_s())
+    await_flushes(flushing, deadline)
 
 
-def flush_actors(handles: List[Any], timeout_s: float = 30.0) -> None:
-    """Ask each actor to flush its tracing outputs and wait (bounded).
+def flush_actors(handles: List[Any]) -> List[Any]:
+    """Ask each actor to flush its tracing outputs; returns what to wait for.
 
     At the end of a job Ray kills actors without running their exit handlers, so what
     their batch processors still hold would be lost; fit's end is the last moment the
     trainer can ask them to write it out.
     """
-    if not handles:
+    try:
+        return [handle.__ray_call__.remote(tracing.flush_in_actor) for handle in handles]
+    except Exception as exc:
+        health.record_failure("trainer.flush_actors", exc)
+        return []
+
+
+def await_flushes(refs: List[Any], deadline: Deadline) -> None:
+    if not refs:
         return
     try:
         import ray
 
-        refs = [handle.__ray_call__.remote(tracing.flush_in_actor) for handle in handles]
-        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        ray.wait(refs, num_returns=len(refs), timeout=deadline.left_s())
     except Exception as exc:
         health.record_failure("trainer.flush_actors", exc)
 

@@ -29,6 +29,7 @@ _lock = threading.RLock()
 _provider: Any = None  # what the events runtime reports to (None: no runtime installed here)
 _provider_for_role: Optional[ProviderForRole] = None
 _said_off = False  # provider_for_role answered None: tracing stays off here
+_flush_timeout_s = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S  # OTEL_VERL_SHUTDOWN_TIMEOUT_S of the settings in use
 
 
 def _new_lock_in_child() -> None:
@@ -51,7 +52,7 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
     the events API already reports to keeps its open samples. Returns whether the
     events API reports to a provider now; never raises.
     """
-    global _provider
+    global _provider, _flush_timeout_s
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     try:
         with _lock:
@@ -62,6 +63,7 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
                 tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
             events._install(events._Runtime(tracer, _id_generator(provider), cfg, getattr(provider, "sampler", None)))
             _provider = provider
+            _flush_timeout_s = cfg.shutdown_timeout_s
             return True
     except settings_mod.ConfigError as exc:
         logger.error("otel_verl: tracing stays off: %s", exc)
@@ -122,19 +124,27 @@ def stop() -> None:
         events._install(None)
 
 
-def flush(timeout_s: float = 30.0) -> bool:
-    """Export and write everything the provider the events API reports to has accepted."""
+def flush(timeout_s: Optional[float] = None) -> bool:
+    """Export and write everything the provider the events API reports to has accepted,
+    waiting at most ``timeout_s`` (default: :func:`flush_timeout_s`)."""
     provider = _provider
     if isinstance(provider, trace.ProxyTracerProvider):  # the global one, set since
         provider = trace.get_tracer_provider()
     force_flush = getattr(provider, "force_flush", None)  # the API's TracerProvider has none
     if force_flush is None:
         return True
+    if timeout_s is None:
+        timeout_s = flush_timeout_s()
     try:
         return bool(force_flush(int(timeout_s * 1000)))
     except Exception as exc:
         health.record_failure("instrumentation.flush", exc)
         return False
+
+
+def flush_timeout_s() -> float:
+    """How long a flush may take here (``OTEL_VERL_SHUTDOWN_TIMEOUT_S``)."""
+    return _flush_timeout_s
 
 
 def flush_in_actor(actor: Any = None) -> bool:
