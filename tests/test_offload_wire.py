@@ -16,13 +16,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode, TraceFlags, TraceState
 
-from otel_verl import health, payload
+from otel_verl import health, payload, settings
 from otel_verl.offload import wire
 from otel_verl.payload import Payload, PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
 from otel_verl.semconv import Subject
 
 RESOURCE = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
-CONFIG = wire.HostConfig(settings=None, resource_attributes=dict(RESOURCE.attributes),
+CONFIG = wire.HostConfig(settings=settings.load({}), resource_attributes=dict(RESOURCE.attributes),
                          resource_schema_url=RESOURCE.schema_url, pid=1234)
 
 

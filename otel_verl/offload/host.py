@@ -41,7 +41,9 @@ class Host:
 
             processors = bootstrap.output_processors(config.settings)
         self.rebuilder = wire.Rebuilder(config)
-        self.processor = IsolatingSpanProcessor()  # as the served process's provider calls them
+        # as the served process's provider calls them, within the share of the end's deadline
+        # the served process gave this process (its settings' shutdown_timeout_s)
+        self.processor = IsolatingSpanProcessor(config.settings.shutdown_timeout_s)
         for processor in processors:
             self.processor.add_span_processor(processor)
         self.codecs: Dict[int, Tuple[Any, Any]] = {}
