@@ -125,3 +125,31 @@ def test_lines_for_a_path_that_cannot_be_recreated_are_counted_until_it_can(tmp_
     assert lines_of(path) == ["after"]
     assert (writer.written_lines, writer.dropped_lines) == (2, 1)
     assert health.snapshot()["dropped"] == {"test_output": 1}
+
+
+def test_close_counts_what_was_not_written_by_its_deadline(tmp_path, monkeypatch):
+    """A disk that hangs: close returns at its deadline and counts the lines left queued."""
+    import threading
+    import time
+
+    from otel_verl.exporters import _writer
+
+    release = threading.Event()
+    real_append = _writer.append_whole
+
+    def hanging_append(fd, data):
+        release.wait(10)
+        real_append(fd, data)
+
+    monkeypatch.setattr(_writer, "append_whole", hanging_append)
+    writer = BackgroundWriter("test_output", linger_s=0.0)
+    path = str(tmp_path / "slow.txt")
+    assert writer.write(path, "first\n", 1)
+    time.sleep(0.2)  # the thread took the first line and hangs on the disk
+    assert writer.write(path, "second\n", 1)
+    assert writer.write(path, "third\n", 1)
+    started = time.monotonic()
+    writer.close(0.3)
+    assert time.monotonic() - started < 2
+    assert writer.dropped_lines == 2 and health.snapshot()["dropped"] == {"test_output": 2}
+    release.set()

@@ -61,6 +61,11 @@ def output_pid() -> int:
     return _output_pid or os.getpid()
 
 
+def close_timeout_s(timeout_millis: Optional[int]) -> float:
+    """A span processor's shutdown timeout as :meth:`BackgroundWriter.close` takes it."""
+    return 30.0 if timeout_millis is None else max(0.0, timeout_millis / 1000.0)
+
+
 class BackgroundWriter:
     """Appends the text of queued jobs to files, on a thread of its own."""
 
@@ -126,10 +131,16 @@ class BackgroundWriter:
                 self._flushing -= 1
 
     def close(self, timeout: Optional[float] = 30.0) -> None:
+        """Write what is queued within ``timeout``; what the thread has not taken by then
+        is counted, not left to die with the process."""
         self.flush(timeout)
         with self._cond:
             self._closed = True
+            late = sum(n_lines for _, n_lines in self._jobs)
+            self._jobs.clear()
+            self._pending_lines -= late
             self._cond.notify()
+        self._count_dropped(late, "not written by the shutdown deadline")
         self._close_fds()
 
     def _after_fork_in_child(self) -> None:

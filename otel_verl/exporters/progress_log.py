@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, TextIO
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, one_line, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, one_line, write_discovery_file
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject, Layout, Stage
 
@@ -190,9 +190,9 @@ class ProgressLogProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0) if self.writer is not None else True
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         if self.writer is not None:
-            self.writer.close()
+            self.writer.close(close_timeout_s(timeout_millis))
 
     def _step_stage(self, span: Any) -> StepStage:
         attrs = span.attributes

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, one_line, output_pid, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, one_line, output_pid, write_discovery_file
 from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Subject, Stage
 
@@ -376,8 +376,8 @@ class SampleCsvProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
 
-    def shutdown(self) -> None:
-        self.writer.close()
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        self.writer.close(close_timeout_s(timeout_millis))
 
     def _write(self, groups: List[Rows]) -> None:
         n_rows = sum(len(rows.trajs) for rows in groups)

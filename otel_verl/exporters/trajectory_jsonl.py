@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, output_pid, write_discovery_file
+from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, output_pid, write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Subject
@@ -77,8 +77,8 @@ class TrajectoryJsonlProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
 
-    def shutdown(self) -> None:
-        self.writer.close()
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        self.writer.close(close_timeout_s(timeout_millis))
 
 
 class _TrajectoryFiles:
