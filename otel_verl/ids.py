@@ -11,6 +11,8 @@ import hashlib
 import uuid
 from typing import Any, Iterable, List
 
+from otel_verl import health
+
 _MAX_ID_CHARS = 256  # longer ids are cut: they become attribute values and CSV cells
 _MASK_64 = (1 << 64) - 1
 
@@ -36,7 +38,21 @@ def id_str(value: Any) -> str:
             s = bytes(value).decode("utf-8", "replace")
         else:
             s = str(value)
-    return s if len(s) <= _MAX_ID_CHARS else s[:_MAX_ID_CHARS]
+    return well_formed(s if len(s) <= _MAX_ID_CHARS else s[:_MAX_ID_CHARS])
+
+
+def well_formed(text: str) -> str:
+    """``text`` as UTF-8 can carry it: a lone surrogate (``json.loads('"\\ud800"')`` makes
+    one, and a model picks tool names) becomes U+FFFD, counted. OTLP's protobuf and every
+    file output would otherwise refuse the whole batch or line around it."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        health.record_failures("text.lone_surrogate", 1, "(written as U+FFFD)")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def id_list(values: Any) -> List[str]:

@@ -210,3 +210,31 @@ def test_a_raising_processor_is_counted_and_the_others_still_see_the_span(make_p
     assert [name for when, name, _ in after.seen if when == "end"] == [sc.agent_span_name("a")]
     assert len(pipeline.spans()) == 1
     assert any("Raising.on_end" in key for key in health.snapshot().get("failures", {}))
+
+
+def test_text_with_a_lone_surrogate_reaches_every_output_well_formed(make_pipeline, tmp_path):
+    """A model's tool name or a uid may hold a lone surrogate (json.loads makes one): the
+    events API writes it as U+FFFD, so OTLP's protobuf and the files take the span."""
+    import json
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_verl import health
+    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+
+    csv_proc = SampleCsvProcessor(str(tmp_path), discovery_path=None)
+    pipeline = make_pipeline([csv_proc])
+    odd = json.loads('"calc\\ud800"')
+    with events.trajectory(f"u{odd}", "0", step=1, agent_name="tool_agent"):
+        with events.agent_run("ToolAgentLoop"):
+            with events.tool_call(odd, call_id=odd):
+                pass
+    spans = pipeline.spans()
+    tool = next(s for s in spans if s.name.startswith("execute_tool"))
+    assert tool.name == "execute_tool calc\ufffd" and tool.attributes[sc.GEN_AI_TOOL_CALL_ID] == "calc\ufffd"
+    assert tool.attributes[sc.UID] == "ucalc\ufffd"
+    encode_spans(spans).SerializeToString()  # protobuf takes every string
+    assert csv_proc.force_flush()
+    with open(csv_proc.path, encoding="utf-8") as f:
+        assert "tool_executed_name=calc\ufffd" in f.read()
+    assert health.snapshot()["failures"] == {"text.lone_surrogate": 3}  # uid, tool name, call id

@@ -16,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health, payload, semconv as sc
-from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid
+from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid, well_formed
 from otel_verl.payload import Payload
 from otel_verl.semconv import Subject, Outcome
 
@@ -57,7 +57,7 @@ def _now_ns() -> int:
 def _text(value: Any) -> str:
     """Free text bound for an attribute or span name (names, labels; ids: ``id_str``)."""
     s = value if isinstance(value, str) else str(value)
-    return s if len(s) <= sc.MAX_TEXT_CHARS else s[: sc.MAX_TEXT_CHARS]
+    return well_formed(s if len(s) <= sc.MAX_TEXT_CHARS else s[: sc.MAX_TEXT_CHARS])
 
 
 def _is_number(value: Any) -> bool:
