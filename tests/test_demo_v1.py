@@ -213,8 +213,8 @@ def test_progress_log_has_the_mode_structure(demo):
         block = trainer[start + 1:end + 1]
         if disagg:
             fetch = [f"Step {step} rollout started",
-                     f"disagg: Trainer: try to load global batch@{step}, chunk[0/0] from replay_queue",
-                     f"disagg: Trainer: successfully load global batch@{step}, chunk[0/0] from replay_queue",
+                     f"Trainer: try to load global batch@{step}, chunk[0/0] from replay_queue",
+                     f"Trainer: successfully load global batch@{step}, chunk[0/0] from replay_queue",
                      f"Step {step} rollout finished"]
             assert block[:4] == fetch
             assert not [line for line in block if line.startswith("gen throughput")]

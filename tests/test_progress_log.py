@@ -212,8 +212,8 @@ def test_v1_separate_async_fetch_inside_the_rollout_window(progress, span_clock)
     assert out.getvalue().splitlines() == [
         "==================== Step 5 ====================",
         "Step 5 rollout started",
-        "disagg: Trainer: try to load global batch@5, chunk[0/0] from replay_queue",
-        "disagg: Trainer: successfully load global batch@5, chunk[0/0] from replay_queue",
+        "Trainer: try to load global batch@5, chunk[0/0] from replay_queue",
+        "Trainer: successfully load global batch@5, chunk[0/0] from replay_queue",
         "Step 5 rollout finished",
     ]
 

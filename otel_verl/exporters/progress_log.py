@@ -80,11 +80,6 @@ class StepStage:
     def prefix(self) -> str:
         return DISAGG_PREFIX if self.disaggregated else ""
 
-    @property
-    def fetch_prefix(self) -> str:
-        # SeparateRayPPOTrainer's fetch lines have no prefix; the v1 trainer's do
-        return DISAGG_PREFIX if self.trainer == V1_TRAINER else ""
-
 
 def stage_start_lines(s: StepStage) -> List[str]:
     if s.stage == Stage.GENERATION.value:
@@ -94,7 +89,8 @@ def stage_start_lines(s: StepStage) -> List[str]:
     if s.stage == Stage.UPDATE_ACTOR.value:
         return [f"Step {s.step} train started", f"{s.prefix}start update actor"]
     if s.stage == Stage.FETCH_BATCH.value:
-        return [f"{s.fetch_prefix}Trainer: try to load global batch@{s.step}, chunk[0/0] from replay_queue"]
+        # bare in both disaggregated trainers, as the seed wrote them
+        return [f"Trainer: try to load global batch@{s.step}, chunk[0/0] from replay_queue"]
     label = STAGE_LABELS.get(s.stage)
     return [f"{s.prefix}start {label}"] if label else []
 
@@ -112,7 +108,7 @@ def stage_end_lines(s: StepStage, response_tokens: Any, seconds: float) -> List[
     if s.stage == Stage.UPDATE_ACTOR.value:
         return [f"{s.prefix}end update actor", f"Step {s.step} train finished"]
     if s.stage == Stage.FETCH_BATCH.value:
-        return [f"{s.fetch_prefix}Trainer: successfully load global batch@{s.step}, chunk[0/0] from replay_queue"]
+        return [f"Trainer: successfully load global batch@{s.step}, chunk[0/0] from replay_queue"]
     label = STAGE_LABELS.get(s.stage)
     return [f"{s.prefix}end {label}"] if label else []
 
