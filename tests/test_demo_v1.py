@@ -225,7 +225,7 @@ def test_progress_log_has_the_mode_structure(demo):
             assert f"{prefix}start {label}" in block and f"{prefix}end {label}" in block
         assert block.index(f"Step {step} train started") < block.index(f"{prefix}start update actor")
         assert block.index(f"{prefix}end update actor") < block.index(f"Step {step} train finished")
-        assert all(line.startswith(("Step ", "gen throughput", prefix)) for line in block)
+        assert all(line.startswith(("Step ", "gen throughput", "Trainer: ", prefix)) for line in block)
 
 
 def test_trajectory_jsonl_one_line_per_training_trajectory(demo):
