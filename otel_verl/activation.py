@@ -146,11 +146,13 @@ def runtime_env(base: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[
 
 
 def hydra_overrides(env: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Hydra overrides that switch tracing on in a ``verl.trainer.main_ppo`` run."""
+    """Hydra overrides that switch tracing on in a ``verl.trainer.main_ppo`` run. Secrets
+    (:func:`otel_verl.settings.is_secret`) are left out: verl prints its whole config."""
     prefix = "+ray_kwargs.ray_init.runtime_env"
     out = [f"{prefix}.worker_process_setup_hook={SETUP_HOOK}"]
     for key, value in sorted(settings.forwarded_env(env).items()):
-        out.append(f"{prefix}.env_vars.{key}={_hydra_quote(value)}")
+        if not settings.is_secret(key):
+            out.append(f"{prefix}.env_vars.{key}={_hydra_quote(value)}")
     return out
 
 

@@ -84,6 +84,12 @@ def overrides() -> None:
 
     for line in hydra_overrides():
         click.echo(line)
+    secrets = sorted(name for name in settings.forwarded_env() if settings.is_secret(name))
+    if secrets:
+        click.echo(f"otel-verl: {', '.join(secrets)} not printed (credentials; verl prints its config): Ray's "
+                   "workers inherit it from the environment that starts Ray (this shell for a local "
+                   "ray.init, `ray start` on a cluster), or use `otel-verl run`, which hands it to Ray "
+                   "unprinted", err=True)
 
 
 def _print_rich(draw) -> None:

@@ -156,6 +156,12 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
     )
 
 
+def is_secret(name: str) -> bool:
+    """Whether a forwarded variable holds credentials (OTLP exporter headers carry auth
+    tokens): never printed, never in a config that verl prints."""
+    return name.startswith("OTEL_EXPORTER_OTLP") and name.endswith("HEADERS")
+
+
 def forwarded_env(env: Optional[Mapping[str, str]] = None) -> dict:
     """The variables to copy into every Ray worker's runtime env."""
     env = os.environ if env is None else env

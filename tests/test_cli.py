@@ -700,6 +700,16 @@ def test_doctor_required_hook_skipped(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- the older commands
 
 
+def test_overrides_never_print_exporter_headers():
+    token = "Authorization=Bearer s3cr3t-token"
+    result = cli("overrides", env={"OTEL_EXPORTER_OTLP_HEADERS": token, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": token,
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert result.exit_code == 0
+    assert "s3cr3t" not in result.stdout and "s3cr3t" not in result.stderr
+    assert "env_vars.OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318" in result.stdout
+    assert "OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS not printed" in result.stderr
+
+
 def test_run_overrides_and_launch_env_still_work(tmp_path):
     from otel_verl.cli import launch_env
 
