@@ -70,9 +70,10 @@ def id_list(values: Any) -> List[str]:
     if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
         return [id_str(values)]
     values = list(values)
-    # The common case (a uid column of short str) without a call per element: batch
-    # stages pass 16k ids at a time.
-    if all(type(v) is str and len(v) <= _MAX_ID_CHARS for v in values):
+    # The common case (a uid column of short ASCII str) without a call per element:
+    # batch stages pass 16k ids at a time. isascii takes constant time, and an ASCII id
+    # holds no lone surrogate (see well_formed).
+    if all(type(v) is str and len(v) <= _MAX_ID_CHARS and v.isascii() for v in values):
         return values
     return [id_str(v) for v in values]
 

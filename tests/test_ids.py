@@ -80,3 +80,10 @@ def test_sample_index():
     assert sample_index("3") == 3
     assert sample_index("N/A") is None
     assert sample_index("baseline") is None
+
+
+def test_id_list_writes_lone_surrogates_as_replacement_characters():
+    import json
+
+    odd = json.loads('"u\\ud800"')
+    assert id_list(["plain", odd]) == ["plain", "u\ufffd"]
