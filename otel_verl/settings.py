@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from otel_verl.semconv import Role
 
@@ -62,28 +62,23 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a positive integer") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r}: expected a positive integer")
-    return value
+    return _positive(env, name, default, int, "a positive integer")
 
 
 def _positive_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    return _positive(env, name, default, float, "a positive number of seconds")
+
+
+def _positive(env: Mapping[str, str], name: str, default: Any, parse: Any, expected: str) -> Any:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a positive number of seconds") from None
+        raise ConfigError(f"{name}={raw!r}: expected {expected}") from None
     if not 0 < value < float("inf"):  # also refuses nan
-        raise ConfigError(f"{name}={raw!r}: expected a positive number of seconds")
+        raise ConfigError(f"{name}={raw!r}: expected {expected}")
     return value
 
 
