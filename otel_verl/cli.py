@@ -367,6 +367,13 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> 
 
     from otel_verl.report import InputError, build
 
+    if png:  # before reading the run, which may take a while
+        from otel_verl.report.timeline import MatplotlibMissing, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except MatplotlibMissing as exc:
+            raise click.ClickException(f"--png: {exc}") from None
     try:
         data = build(list(paths), top=top, unfinished_limit=None if as_json else 20)
     except (InputError, OSError) as exc:

@@ -371,6 +371,24 @@ def _write(path, content):
     return path
 
 
+def test_report_png_without_matplotlib_names_the_extra(make_pipeline, monkeypatch, tmp_path):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_verl import events
+    from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
+
+    pipeline = make_pipeline([SimpleSpanProcessor(OtlpJsonFileExporter(str(tmp_path / "otlp")))])
+    events.samples_created(["u-1"], step=1, trainer="RayPPOTrainer")
+    events.samples_finished(["u-1"], "trained")
+    pipeline.provider.force_flush()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as when not installed
+    png = tmp_path / "timeline.png"
+    assert_one_line_error(cli("report", str(tmp_path), "--png", str(png)), "matplotlib", "pip install 'otel-verl[report]'")
+    assert not png.exists()
+    # the rest of the report needs no matplotlib
+    assert report_json(tmp_path)["inputs"]["spans"] == 1
+
+
 def test_report_without_a_path_is_a_usage_error():
     result = cli("report")
     assert result.exit_code == 2 and "Missing argument" in result.stderr

@@ -5,11 +5,13 @@ left the step's stage Gantt (``verl.stage`` spans as coloured bars, the span of 
 rollouts as a bar below), on the right the rollout window, each trajectory
 (``invoke_agent`` span) a thin bar, stacked by start time. A run longer than
 ``MAX_ROWS`` steps shows that many, evenly spread from the first to the last. Rendered
-with matplotlib's Agg backend (no display needed).
+with matplotlib's Agg backend (no display needed); matplotlib comes with the ``report``
+extra.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict, List
 
 ROW_INCHES = 1.9  # height of one step's row
@@ -45,8 +47,25 @@ def _stage_key(report: Dict[str, Any]):
     return lambda stage: (order.get(stage, len(order)), stage)
 
 
+class MatplotlibMissing(RuntimeError):
+    """matplotlib is not installed: the timeline cannot be drawn."""
+
+
+INSTALL_HINT = "pip install 'otel-verl[report]'"
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`MatplotlibMissing`, naming the extra to install, when :func:`draw`
+    cannot run here."""
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError as exc:
+        raise MatplotlibMissing(f"the timeline PNG needs matplotlib, which is not installed: {INSTALL_HINT}") from exc
+
+
 def draw(report: Dict[str, Any], path: str) -> Dict[str, Any]:
     """Write the PNG to ``path``; returns :func:`layout`."""
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg", force=True)
