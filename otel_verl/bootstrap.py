@@ -289,9 +289,17 @@ def _resource(role: str) -> Any:
         **_ray_ids(),
     }
     resource = Resource.create(attrs)
-    if str(resource.attributes.get(sc.SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({sc.SERVICE_NAME: "verl"}))
-    return resource
+    # the service.* attributes the user set (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
+    # a resource detector) win over ours; the SDK names an unnamed service unknown_service
+    defaults = {
+        sc.SERVICE_NAME: sc.service_name(role),
+        sc.SERVICE_NAMESPACE: sc.SERVICE_NAMESPACE_VERL,
+        sc.SERVICE_INSTANCE_ID: str(uuid.uuid4()),  # this process's, never inherited
+    }
+    have = resource.attributes
+    missing = {key: value for key, value in defaults.items()
+               if not have.get(key) or (key == sc.SERVICE_NAME and str(have[key]).startswith("unknown_service"))}
+    return resource.merge(Resource(missing))
 
 
 def run_id() -> str:

@@ -15,6 +15,8 @@ INSTRUMENTATION_NAME = "otel_verl"
 
 # --------------------------------------------------------------------------- resource
 SERVICE_NAME = "service.name"
+SERVICE_NAMESPACE = "service.namespace"
+SERVICE_INSTANCE_ID = "service.instance.id"
 RUN_ID = "verl.run_id"
 ROLE = "verl.role"
 HOST_NAME = "host.name"
@@ -33,6 +35,28 @@ class Role(str, enum.Enum):
     REWARD_WORKER = "reward_worker"
     DRIVER = "driver"
     WORKER = "worker"
+
+
+# ``service.namespace`` of every otel_verl process; ``service.name`` says which kind of
+# process it is, so that Jaeger, Tempo and Grafana list each role as its own service.
+SERVICE_NAMESPACE_VERL = "verl"
+ROLE_SERVICE_NAMES = {
+    Role.TRAINER: "verl-trainer",
+    Role.AGENT_LOOP_WORKER: "verl-rollout-worker",
+    Role.LLM_SERVER: "verl-llm-server",
+    Role.REWARD_WORKER: "verl-reward-worker",
+    Role.DRIVER: "verl-driver",
+    Role.WORKER: "verl-worker",
+}
+
+
+def service_name(role: "Role | str") -> str:
+    """The default ``service.name`` of a process of ``role``; a role of the user's own
+    (``OTEL_VERL_ROLE``) becomes ``verl-<role>``."""
+    try:
+        return ROLE_SERVICE_NAMES[Role(role)]
+    except ValueError:
+        return "verl-" + str(role).replace("_", "-")
 
 
 # --------------------------------------------------------------------------- sample identity

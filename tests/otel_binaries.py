@@ -309,6 +309,20 @@ class JaegerServer:
                 raise TimeoutError(f"trace {trace_id}: {found}/{min_spans} spans in Jaeger after {timeout}s")
             time.sleep(0.25)
 
+    def services(self) -> list[str]:
+        """HTTP API v3 GET /api/v3/services: the service names Jaeger has spans of."""
+        return self._get_json("/api/v3/services")["services"]
+
+    def operations(self, service: str) -> list[dict]:
+        """HTTP API v3 GET /api/v3/operations: ``[{"name": ..., "spanKind": ...}]`` of a service."""
+        return self._get_json(f"/api/v3/operations?{urllib.parse.urlencode({'service': service})}")["operations"]
+
+    def _get_json(self, path: str) -> dict:
+        status, body = http_get(f"{self.query_url}{path}")
+        if status != 200:
+            raise RuntimeError(f"Jaeger {path}: HTTP {status} {body[:300]!r}")
+        return json.loads(body)
+
     # Searching. Jaeger v2.13 (module v1.76.0) answers searches from three APIs:
     # - HTTP API v3 GET /api/v3/traces: query.service_name, query.operation_name,
     #   query.start_time_min/max (RFC 3339, both required), query.num_traces (required

@@ -51,6 +51,7 @@ def test_configure_is_idempotent_and_builds_the_embedded_default(tmp_path):
           "OTEL_VERL_ROLE": "trainer"})
     resource = dict(eval(out))  # noqa: S307 - our own repr
     assert resource["service.name"] == "grpo-job"
+    assert resource["service.namespace"] == "verl"
     assert resource["verl.run_id"] == "run-9"
     assert resource["verl.role"] == "trainer"
     assert resource["process.pid"] > 0 and resource["host.name"]
@@ -58,6 +59,75 @@ def test_configure_is_idempotent_and_builds_the_embedded_default(tmp_path):
     assert [s["name"] for s in spans] == ["verl.sample"]
     assert spans[0]["traceId"] == "%032x" % otel_verl_trace_id("u-1")
     assert [r["content"] for r in _csv_rows(tmp_path)] == ["from=DataLoader|to=RayPPOTrainer|stage=DATA_PREPROCESS|global_step=1|detail=uid_generated"]
+
+
+RESOURCE_OF_A_PROCESS = """
+    import json, sys
+    from otel_verl import bootstrap, events
+    from otel_verl.semconv import Role
+    provider = bootstrap.provider_for_role(Role(sys.argv[1]))  # as the first wrapper asks
+    assert bootstrap.provider_for_role(Role.TRAINER) is provider  # the first role stays
+    events.samples_created(["u-1", "u-2"], step=1, trainer="RayPPOTrainer")
+    events.samples_finished(["u-1", "u-2"], "trained")
+    bootstrap.shutdown()
+    print(json.dumps(dict(provider.resource.attributes)))
+"""
+
+
+def _resource_of_a_process(trace_dir, role, env=None):
+    """The resource a fresh process builds for ``role``, and its spans in the OTLP files."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RESOURCE_OF_A_PROCESS), role],
+                          env={**base, "VERL_TRACE_DIR": str(trace_dir), **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.splitlines()[-1]), spans_from_files(glob.glob(str(trace_dir / "otlp" / "*.jsonl")))
+
+
+def test_each_role_is_its_own_service_and_each_process_its_own_instance(tmp_path):
+    server, server_spans = _resource_of_a_process(tmp_path / "server", "llm_server")
+    worker, worker_spans = _resource_of_a_process(tmp_path / "worker", "agent_loop_worker")
+    assert (server["service.name"], server["verl.role"]) == ("verl-llm-server", "llm_server")
+    assert (worker["service.name"], worker["verl.role"]) == ("verl-rollout-worker", "agent_loop_worker")
+    assert server["service.namespace"] == worker["service.namespace"] == "verl"
+    # one instance id per process, a uuid, on every span of that process
+    assert server["service.instance.id"] != worker["service.instance.id"]
+    assert str(uuid.UUID(server["service.instance.id"])) == server["service.instance.id"]
+    for resource, spans in ((server, server_spans), (worker, worker_spans)):
+        assert len(spans) == 2
+        assert {s["resource"]["service.instance.id"] for s in spans} == {resource["service.instance.id"]}
+        assert {s["resource"]["service.name"] for s in spans} == {resource["service.name"]}
+
+
+def test_the_users_service_attributes_win(tmp_path):
+    by_name, _ = _resource_of_a_process(tmp_path / "a", "llm_server", {"OTEL_SERVICE_NAME": "grpo-job"})
+    assert by_name["service.name"] == "grpo-job" and by_name["verl.role"] == "llm_server"
+    assert by_name["service.namespace"] == "verl" and by_name["service.instance.id"]
+    by_attributes, _ = _resource_of_a_process(tmp_path / "b", "trainer", {
+        "OTEL_RESOURCE_ATTRIBUTES": "service.name=rl,service.namespace=team-a,service.instance.id=pod-7"})
+    assert {k: by_attributes[k] for k in ("service.name", "service.namespace", "service.instance.id")} == {
+        "service.name": "rl", "service.namespace": "team-a", "service.instance.id": "pod-7"}
+    assert by_attributes["verl.role"] == "trainer"
+    # as the SDK has it: OTEL_SERVICE_NAME wins over service.name in OTEL_RESOURCE_ATTRIBUTES
+    both, _ = _resource_of_a_process(tmp_path / "c", "trainer", {
+        "OTEL_SERVICE_NAME": "grpo-job", "OTEL_RESOURCE_ATTRIBUTES": "service.name=rl"})
+    assert both["service.name"] == "grpo-job"
+
+
+def test_service_name_per_role():
+    from otel_verl import semconv as sc
+
+    names = {role: sc.service_name(role) for role in sc.Role}
+    assert names == {
+        sc.Role.TRAINER: "verl-trainer",
+        sc.Role.AGENT_LOOP_WORKER: "verl-rollout-worker",
+        sc.Role.LLM_SERVER: "verl-llm-server",
+        sc.Role.REWARD_WORKER: "verl-reward-worker",
+        sc.Role.DRIVER: "verl-driver",
+        sc.Role.WORKER: "verl-worker",
+    }
+    assert sc.service_name("llm_server") == "verl-llm-server"  # the role's value, as OTEL_VERL_ROLE gives it
+    assert sc.service_name("data_loader") == "verl-data-loader"  # a role of the user's own
 
 
 def otel_verl_trace_id(uid):

@@ -3,8 +3,9 @@
 1. The traced CPU demo (real verl on a local Ray cluster) exports OTLP/gRPC to the otelcol
    running the shipped ``collector-config/otelcol-file-jaeger.yaml``, which writes per-run
    files and forwards to Jaeger v2 (``collector-config/jaeger.yaml``, memory storage). The
-   trace of a uid fetched from Jaeger's API v3 is the sample tree across processes; the
-   searches by service, operation and ``verl.uid`` find it; Jaeger, the collector's files
+   trace of a uid fetched from Jaeger's API v3 is the sample tree across processes; Jaeger
+   lists a service per role; the searches by service, operation and ``verl.uid`` find
+   the trace; Jaeger, the collector's files
    and the demo's embedded OTLP-JSON files hold the same spans.
 2. Replaying the embedded files into a fresh Jaeger (``otelcol-replay.yaml``, and
    ``otel_verl.replay`` over OTLP/HTTP) gives the same trees.
@@ -81,6 +82,7 @@ def _shape(spans) -> dict:
             s["parentSpanId"], s["name"], s["kind"], s["startTimeUnixNano"], s["endTimeUnixNano"],
             json.dumps(s["attributes"], sort_keys=True),
             s["resource"].get("verl.role"), s["resource"].get("process.pid"), s["resource"].get("verl.run_id"),
+            s["resource"].get("service.name"), s["resource"].get("service.instance.id"),
         )
         for s in spans
     }
@@ -216,7 +218,12 @@ def test_demo_spans_in_jaeger_are_the_embedded_spans(demo_through_collector):
     assert len(d.sample_uids) == STEPS * PROMPTS
     per_trace = collections.Counter(s["traceId"] for s in in_jaeger)
     assert all(per_trace["%032x" % trace_id_for_uid(uid)] == SPANS_PER_UID for uid in d.sample_uids)
-    assert {s["resource"]["service.name"] for s in in_jaeger} == {"verl"}
+    # a service per role in one namespace, an instance per process
+    assert {(s["resource"]["verl.role"], s["resource"]["service.name"]) for s in in_jaeger} == {
+        ("trainer", "verl-trainer"), ("agent_loop_worker", "verl-rollout-worker"), ("llm_server", "verl-llm-server")}
+    assert {s["resource"]["service.namespace"] for s in in_jaeger} == {"verl"}
+    instances = {(s["resource"]["process.pid"], s["resource"]["service.instance.id"]) for s in in_jaeger}
+    assert len(instances) == len({pid for pid, _ in instances}) == len({iid for _, iid in instances}) >= 3
     assert {s["resource"]["verl.run_id"] for s in in_jaeger} == {d.run_id}
 
 
@@ -287,25 +294,57 @@ def test_jaeger_finds_traces_by_service_operation_and_uid(demo_through_collector
     all_traces = {s["traceId"] for s in d.embedded}
     step_traces = {s["traceId"] for s in d.embedded if s["name"] == "verl.step"}
 
-    # HTTP API v3: service, operation (query.service_name / query.operation_name)
-    assert ob.trace_ids(d.jaeger.find_traces("verl")) == all_traces
-    assert ob.trace_ids(d.jaeger.find_traces("verl", operation="verl.sample")) == sample_traces
-    assert ob.trace_ids(d.jaeger.find_traces("verl", operation="verl.step")) == step_traces
+    # HTTP API v3: service, operation (query.service_name / query.operation_name); the
+    # trainer has a span in every trace
+    assert ob.trace_ids(d.jaeger.find_traces("verl-trainer")) == all_traces
+    assert ob.trace_ids(d.jaeger.find_traces("verl-trainer", operation="verl.sample")) == sample_traces
+    assert ob.trace_ids(d.jaeger.find_traces("verl-trainer", operation="verl.step")) == step_traces
     assert ob.trace_ids(d.jaeger.find_traces("no-such-service")) == set()
 
     # attribute filters: gRPC API v3 (TraceQueryParameters.attributes) ...
     for uid in uids:
-        found = d.jaeger.find_traces_grpc("verl", attributes={"verl.uid": uid})
+        found = d.jaeger.find_traces_grpc("verl-trainer", attributes={"verl.uid": uid})
         assert ob.trace_ids(found) == {"%032x" % trace_id_for_uid(uid)}
         assert len(ob.flat_spans(found)) == SPANS_PER_UID  # whole traces come back
-        assert ob.trace_ids(d.jaeger.find_traces_grpc("verl", operation="verl.sample",
+        assert ob.trace_ids(d.jaeger.find_traces_grpc("verl-trainer", operation="verl.sample",
                                                       attributes={"verl.uid": uid, "verl.global_step": "1"})) \
             == {"%032x" % trace_id_for_uid(uid)}
-    # ... which match resource attributes too: every sample trace has an LLM server span
-    assert ob.trace_ids(d.jaeger.find_traces_grpc("verl", attributes={"verl.role": "llm_server"})) == sample_traces
-    assert ob.trace_ids(d.jaeger.find_traces_grpc("verl", attributes={"verl.uid": "no-such-uid"})) == set()
+    # ... which match resource attributes too, on a span of the service searched: every
+    # sample trace has an LLM server span, and no trainer span says it is one
+    assert ob.trace_ids(d.jaeger.find_traces_grpc("verl-llm-server", attributes={"verl.role": "llm_server"})) \
+        == sample_traces
+    assert ob.trace_ids(d.jaeger.find_traces_grpc("verl-trainer", attributes={"verl.role": "llm_server"})) == set()
+    assert ob.trace_ids(d.jaeger.find_traces_grpc("verl-trainer", attributes={"verl.uid": "no-such-uid"})) == set()
     # ... and the legacy HTTP API's tags filter
-    assert d.jaeger.find_trace_ids_by_tags("verl", {"verl.uid": uids[0]}) == {"%032x" % trace_id_for_uid(uids[0])}
+    assert d.jaeger.find_trace_ids_by_tags("verl-trainer", {"verl.uid": uids[0]}) \
+        == {"%032x" % trace_id_for_uid(uids[0])}
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+def test_jaeger_lists_a_service_per_role(demo_through_collector):
+    """What a Jaeger (or Tempo, Grafana) user picks from: a service per kind of process,
+    the LLM server's spans under their own."""
+    d = demo_through_collector
+    sample_traces = {"%032x" % trace_id_for_uid(u) for u in d.sample_uids}
+    assert sorted(d.jaeger.services()) == ["verl-llm-server", "verl-rollout-worker", "verl-trainer"]
+    assert d.jaeger.operations("verl-llm-server") == [{"name": "verl.llm_server.generate", "spanKind": "server"}]
+    rollout_operations = {op["name"] for op in d.jaeger.operations("verl-rollout-worker")}
+    assert {"verl.llm_server.generate", "verl.sample", "verl.step"}.isdisjoint(rollout_operations)
+    assert any(name.startswith("invoke_agent") for name in rollout_operations)
+    trainer_operations = {op["name"] for op in d.jaeger.operations("verl-trainer")}
+    assert {"verl.fit", "verl.step", "verl.sample", "verl.rollout"} <= trainer_operations
+    assert not any(name.startswith(("invoke_agent", "chat", "verl.llm_server")) for name in trainer_operations)
+    # searching the LLM server finds the sample traces (each holds its LLM calls), not the
+    # step or fit traces; its spans in them are the server side of the generate calls
+    found = d.jaeger.find_traces("verl-llm-server")
+    assert ob.trace_ids(found) == sample_traces
+    server_spans = [s for s in ob.flat_spans(found) if s["resource"]["service.name"] == "verl-llm-server"]
+    assert len(server_spans) == len(sample_traces) * N * 2  # two turns per trajectory
+    assert {(s["name"], s["kind"], s["resource"]["verl.role"]) for s in server_spans} == {
+        ("verl.llm_server.generate", 2, "llm_server")}
+    assert {s["spanId"] for s in d.embedded if s["resource"]["verl.role"] == "llm_server"} \
+        == {s["spanId"] for s in server_spans}
 
 
 @pytest.mark.verl
@@ -317,13 +356,13 @@ def test_jaeger_2_13_http_api_v3_ignores_attribute_filters(demo_through_collecto
     attribute filters: prefer it and update tests/otel_binaries.py's notes."""
     d = demo_through_collector
     uid = d.sample_uids[0]
-    everything = ob.trace_ids(d.jaeger.find_traces("verl"))
+    everything = ob.trace_ids(d.jaeger.find_traces("verl-trainer"))
     for extra in ({"query.attributes": json.dumps({"verl.uid": uid})},
                   {"query.attributes.verl.uid": uid},
                   {"query.attributes": f"verl.uid={uid}"}):
-        assert ob.trace_ids(d.jaeger.find_traces("verl", extra=extra)) == everything, extra
+        assert ob.trace_ids(d.jaeger.find_traces("verl-trainer", extra=extra)) == everything, extra
     # query.num_traces is required in practice (search depth 0 is rejected)
-    status, body = ob.http_get(f"{d.jaeger.query_url}/api/v3/traces?query.service_name=verl"
+    status, body = ob.http_get(f"{d.jaeger.query_url}/api/v3/traces?query.service_name=verl-trainer"
                                "&query.start_time_min=2000-01-01T00:00:00Z&query.start_time_max=2100-01-01T00:00:00Z")
     assert status == 500 and b"search depth" in body
 
