@@ -242,9 +242,9 @@ def run_multi_turn_tool(clock, tok, *, mutate_in_place=False):
             with events.llm_call(prompt) as turn:
                 clock.now = T0 + 1.0
                 turn.finish(completion0, stop_reason="tool_calls",
-                            server_meta={"e2e_latency": 0.625, "queue_time": 0.125,
-                                         "request_received_ts": T0 + 0.25, "prefill_finished_ts": T0 + 0.375,
-                                         "prefill_launch_latency": 0.0625})
+                            server_meta={"e2e_latency": 0.625, "queue_time": 0.125,  # sglang 0.5.12, metrics on
+                                         "request_received_ts": T0 + 0.25, "forward_entry_time": T0 + 0.375,
+                                         "prefill_finished_time": T0 + 0.375, "request_finished_ts": T0 + 0.875})
             clock.now = T0 + 1.125
             with events.tool_call("calc"):
                 clock.now = T0 + 1.5
@@ -300,7 +300,7 @@ def test_multi_turn_tool_trajectory(clock, traj_dir, tokenizer):
     assert turn0["observation_time_ms"] == 500.0
     assert turn0["turn_total_time_ms"] == 1250.0
     assert (turn0["sglang_time_ms"], turn0["sglang_queue_time_ms"], turn0["sglang_ttft_ms"],
-            turn0["sglang_prefill_ms"], turn0["sglang_decode_time_ms"]) == (625.0, 125.0, 125.0, 62.5, 375.0)
+            turn0["sglang_prefill_ms"], turn0["sglang_decode_time_ms"]) == (625.0, 125.0, 125.0, None, 375.0)
     assert turn0["template_overhead_tokens"] is None and turn0["template_overhead_text"] is None
 
     # turn 1: the template tokens between the turns...
@@ -455,20 +455,41 @@ def test_null_server_timings(clock, traj_dir):
         assert turn[key] is None, key
 
 
+SGLANG_0_5_12 = {  # a finished request's meta_info timing with enable_metrics (wall-clock seconds)
+    "e2e_latency": 1.5, "request_received_ts": 100.0, "api_server_dispatch_finish_ts": 100.125,
+    "forward_entry_time": 100.25, "prefill_finished_time": 100.5, "queue_time": 0.125,
+    "response_sent_to_client_ts": 101.5, "request_finished_ts": 101.5,
+}
+SGLANG_0_5_23 = {**SGLANG_0_5_12, "first_token_latency": 0.625, "decode_throughput": 40.0}
+
+
 @pytest.mark.parametrize(
     "meta, expected",
     [
-        # every key: e2e*1000, queue*1000, (prefill_finished - received)*1000, launch*1000,
-        # decode = total - queue - ttft
+        # sglang 0.5.12 with metrics: ttft = prefill_finished_time - request_received_ts,
+        # no prefill duration key, decode = total - queue - ttft
+        (SGLANG_0_5_12, (1500.0, 125.0, 500.0, None, 875.0)),
+        # sglang 0.5.23: the timestamps still win over first_token_latency
+        (SGLANG_0_5_23, (1500.0, 125.0, 500.0, None, 875.0)),
+        # first_token_latency alone gives the ttft
+        ({"e2e_latency": 1.0, "queue_time": 0.25, "first_token_latency": 0.5}, (1000.0, 250.0, 500.0, None, 250.0)),
+        # sglang without metrics: only the total; missing parts count 0 in the decode time
+        ({"e2e_latency": 0.75}, (750.0, None, None, None, 750.0)),
+        # an older sglang's keys (the seed's): e2e*1000, queue*1000, (prefill_finished_ts -
+        # received)*1000, launch*1000
         ({"e2e_latency": 1.5, "queue_time": 0.25, "request_received_ts": 100.0, "prefill_finished_ts": 100.5,
           "prefill_launch_latency": 0.125}, (1500.0, 250.0, 500.0, 125.0, 750.0)),
-        # only the total: missing parts count 0 in the decode time
-        ({"e2e_latency": 0.75}, (750.0, None, None, None, 750.0)),
+        # prefill_finished_ts wins over prefill_finished_time when a server reports both
+        ({"e2e_latency": 1.5, "request_received_ts": 100.0, "prefill_finished_ts": 100.25,
+          "prefill_finished_time": 100.5}, (1500.0, None, 250.0, None, 1250.0)),
         # one timestamp of the ttft pair missing: no ttft
         ({"e2e_latency": 1.0, "request_received_ts": 100.0, "queue_time": 0.25}, (1000.0, 250.0, None, None, 750.0)),
+        ({"e2e_latency": 1.0, "prefill_finished_time": 100.5, "queue_time": 0.25}, (1000.0, 250.0, None, None, 750.0)),
         # no total: no decode time, even with the other parts
         ({"queue_time": 0.25, "prefill_launch_latency": 0.125}, (None, 250.0, None, 125.0, None)),
     ],
+    ids=["sglang-0.5.12", "sglang-0.5.23", "first-token-latency", "e2e-only", "older-sglang",
+         "both-prefill-keys", "no-prefill-timestamp", "no-received-timestamp", "no-total"],
 )
 def test_server_timing_formulas(clock, traj_dir, meta, expected):
     proc, trace_dir, _ = traj_dir

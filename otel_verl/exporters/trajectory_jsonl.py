@@ -26,11 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from otel_verl import health, semconv as sc
+from otel_verl import health, semconv as sc, server_timing as st
 from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, output_pid, write_discovery_file
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Subject
+from otel_verl.server_timing import number
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
 _OUTPUT = "trajectory_jsonl"
@@ -207,15 +208,16 @@ def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> 
 
 
 def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
-    """sglang's per-request meta (``--enable-metrics``) in milliseconds; absent -> null."""
-    e2e = _number(meta.get("e2e_latency"))
-    queue = _number(meta.get("queue_time"))
-    received = _number(meta.get("request_received_ts"))
-    prefilled = _number(meta.get("prefill_finished_ts"))
-    launch = _number(meta.get("prefill_launch_latency"))
+    """sglang's per-request meta in milliseconds; absent -> null. Only ``e2e_latency`` is
+    always there; the rest needs the server's ``enable_metrics`` (:mod:`otel_verl.server_timing`
+    says which keys each sglang version reports)."""
+    e2e = number(meta.get(st.E2E_LATENCY))
+    queue = number(meta.get(st.QUEUE_TIME))
+    ttft = st.ttft_s(meta)
+    launch = number(meta.get(st.PREFILL_LAUNCH_LATENCY))
     total_ms = e2e * 1000 if e2e is not None else None
     queue_ms = queue * 1000 if queue is not None else None
-    ttft_ms = (prefilled - received) * 1000 if prefilled is not None and received is not None else None
+    ttft_ms = ttft * 1000 if ttft is not None else None
     decode_ms = None
     if total_ms is not None:
         # max(0, ...) as in the seed: an int 0 when clamped
@@ -227,18 +229,6 @@ def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
         "sglang_prefill_ms": launch * 1000 if launch is not None else None,
         "sglang_decode_time_ms": decode_ms,
     }
-
-
-def _number(value: Any) -> Any:
-    """A meta value as a number (ints and floats kept as they are), or ``None``."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    try:
-        return float(value)  # numpy scalars, numeric strings
-    except (TypeError, ValueError):
-        return None
 
 
 def _observation_token_count(encode: _Encode, text: Optional[str]) -> int:

@@ -26,7 +26,7 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from otel_verl import semconv as sc
+from otel_verl import semconv as sc, server_timing
 from otel_verl.report.inputs import InputError, Inputs, Lines, read_spans, resolve
 
 NS = 1e9
@@ -80,29 +80,28 @@ def _union_s(intervals: Iterable[Tuple[int, int]]) -> float:
     return total / NS
 
 
-def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, float]]:
+def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[float]]]:
     """The server's view of one LLM call, in seconds, from the ``verl.llm.server.*``
     attributes of its server span:
-    ``e2e``, ``queue`` (queue_time), ``prefill`` (time to first token minus queue, where
-    ttft = prefill_finished_ts - request_received_ts; prefill_launch_latency when the
-    timestamps are missing) and ``decode`` (e2e - queue - prefill, at least 0).
-    ``None`` when the server reported no e2e_latency."""
-    attrs = server_span["attributes"]
-
-    def meta(key: str) -> Optional[float]:
-        value = attrs.get(sc.LLM_SERVER_META_PREFIX + key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    e2e = meta("e2e_latency")
+    ``e2e`` (e2e_latency), ``queue`` (queue_time), ``prefill`` (time to first token minus
+    queue, the ttft read as :func:`otel_verl.server_timing.ttft_s` reads it;
+    prefill_launch_latency when there is none) and ``decode`` (e2e - queue - prefill, at
+    least 0). ``None`` when the server reported no e2e_latency; queue, prefill and decode
+    are ``None`` when it reported nothing but e2e_latency (sglang without its metrics)."""
+    prefix = sc.LLM_SERVER_META_PREFIX
+    meta = {key[len(prefix):]: value for key, value in server_span["attributes"].items() if key.startswith(prefix)}
+    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
     if e2e is None:
         return None
-    queue = meta("queue_time") or 0.0
-    received, prefilled = meta("request_received_ts"), meta("prefill_finished_ts")
-    if received is not None and prefilled is not None:
-        prefill = max(0.0, prefilled - received - queue)
+    if server_timing.timing_missing(meta):
+        return {"e2e": float(e2e), "queue": None, "prefill": None, "decode": None}
+    queue = float(server_timing.number(meta.get(server_timing.QUEUE_TIME)) or 0.0)
+    ttft = server_timing.ttft_s(meta)
+    if ttft is not None:
+        prefill = max(0.0, ttft - queue)
     else:
-        prefill = meta("prefill_launch_latency") or 0.0
-    return {"e2e": e2e, "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
+        prefill = float(server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY)) or 0.0)
+    return {"e2e": float(e2e), "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
 
 
 class _Index:
@@ -198,7 +197,9 @@ def trajectory_split(traj: Dict[str, Any], index: _Index) -> Dict[str, Any]:
     splits = [server_split(_server_span_of(s, index)) for s in llm]
     server = None
     if llm and all(splits):
-        server = {key: sum(s[key] for s in splits) for key in ("e2e", "queue", "prefill", "decode")}
+        # a part one call lacks (a server without its metrics) is unknown for the trajectory
+        server = {key: None if any(s[key] is None for s in splits) else sum(s[key] for s in splits)
+                  for key in ("e2e", "queue", "prefill", "decode")}
         server["client_overhead"] = llm_s - server["e2e"]  # transport, routing, tokenizing
     return {
         "uid": attrs.get(sc.UID),
