@@ -4,7 +4,9 @@ Tracing never raises into training. Whatever goes wrong inside otel_verl (a wrap
 processor, a writer that cannot keep up, a full disk) is counted here under a name and
 logged the first time per name; while more is counted, the totals so far are logged again
 at most every ``REPORT_INTERVAL_S``, so a loss shows in a long run's log before its end.
-Nothing is dropped without a counter saying so.
+Nothing is dropped without a counter saying so. Notes count something that works but not
+as configured for a full picture (a server that does not report its timing): logged once
+per name, with the way to fix it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ logger = logging.getLogger("otel_verl")
 _lock = threading.Lock()
 _failures: Counter = Counter()  # where -> how many exceptions otel_verl swallowed
 _dropped: Counter = Counter()  # output -> how many rows/lines/spans were not written
+_notes: Counter = Counter()  # what -> how many times a configuration note applied
 _reported: set = set()
 REPORT_INTERVAL_S = 300.0
 _last_totals_at = time.monotonic()
@@ -66,6 +69,16 @@ def record_dropped(output: str, count: int, reason: str) -> None:
                        output, count, reason)
 
 
+def record_note(name: str, message: str) -> None:
+    """Count one occurrence of the configuration note ``name``; log ``message`` the first
+    time (no periodic totals: a note is no loss)."""
+    with _lock:
+        _notes[name] += 1
+        first = _notes[name] == 1
+    if first:
+        logger.warning("otel_verl: %s (counted as %s in otel_verl.health.notes())", message, name)
+
+
 def guarded(default: Any = None) -> Callable[[F], F]:
     """Decorator for events-API functions: an exception becomes a counted failure."""
 
@@ -86,9 +99,15 @@ def guarded(default: Any = None) -> Callable[[F], F]:
 
 
 def snapshot() -> Dict[str, Dict[str, int]]:
-    """Counters so far: ``{"failures": {...}, "dropped": {...}}``."""
+    """Loss counters so far: ``{"failures": {...}, "dropped": {...}}``."""
     with _lock:
         return {"failures": dict(_failures), "dropped": dict(_dropped)}
+
+
+def notes() -> Dict[str, int]:
+    """Configuration notes so far: name -> how many times it applied."""
+    with _lock:
+        return dict(_notes)
 
 
 def total_dropped() -> int:
@@ -101,6 +120,7 @@ def reset() -> None:
     with _lock:
         _failures.clear()
         _dropped.clear()
+        _notes.clear()
         _reported.clear()
 
 

@@ -238,3 +238,25 @@ def test_text_with_a_lone_surrogate_reaches_every_output_well_formed(make_pipeli
     with open(csv_proc.path, encoding="utf-8") as f:
         assert "tool_executed_name=calc\ufffd" in f.read()
     assert health.snapshot()["failures"] == {"text.lone_surrogate": 3}  # uid, tool name, call id
+
+
+def test_an_sglang_server_without_its_metrics_is_noted_once(seen, caplog):
+    from otel_verl import health, server_timing
+
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        with events.llm_call([1]) as turn:
+            headers = turn.carrier()
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        for request in range(3):  # three finished requests of a server without enable_metrics
+            with events.llm_server_call(headers, request_id=f"r{request}", provider="sglang") as call:
+                call.record_meta({"e2e_latency": 0.5, "prompt_tokens": 3, "finish_reason": {"type": "stop"}})
+        # with its metrics, and a vLLM server (no sglang meta): nothing to note
+        with events.llm_server_call(headers, request_id="r3", provider="sglang") as call:
+            call.record_meta({"e2e_latency": 0.5, "queue_time": 0.1, "request_received_ts": 1.0,
+                              "prefill_finished_time": 1.2})
+        with events.llm_server_call(headers, request_id="r4", provider="vllm") as call:
+            call.record_meta({"e2e_latency": 0.5})
+    assert health.notes() == {server_timing.TIMING_MISSING: 3}
+    notes = [r.getMessage() for r in caplog.records if "per-request timing missing" in r.getMessage()]
+    assert len(notes) == 1
+    assert server_timing.ENABLE_METRICS_OVERRIDE in notes[0] and "sglang_ttft_ms" in notes[0]

@@ -7,7 +7,7 @@ from typing import Any, ContextManager, Dict, Mapping, Optional
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
-from otel_verl import carriers, health, semconv as sc
+from otel_verl import carriers, health, semconv as sc, server_timing
 from otel_verl.semconv import Subject
 from otel_verl.events import _core
 from otel_verl.events._core import SpanScope, _is_number, _start, _text
@@ -22,9 +22,10 @@ class ServerCall(SpanScope):
 
     key = _SERVER_CALL_KEY
 
-    def __init__(self, span: Any, headers: Optional[Mapping[str, str]]) -> None:
+    def __init__(self, span: Any, headers: Optional[Mapping[str, str]], provider: str = "") -> None:
         super().__init__(span)
         self.headers = dict(headers or {})
+        self.provider = provider
         self.meta: Dict[str, float] = {}
 
     def value(self) -> "ServerCall":
@@ -39,12 +40,18 @@ class ServerCall(SpanScope):
                 if self.span is not None:
                     self.span.set_attribute(sc.llm_server_meta_attribute(key), value)
 
+    def _ending(self, error: Optional[BaseException]) -> None:
+        # Said once per process (a health note), not per request: every request of a server
+        # without its metrics lacks the timing alike.
+        if error is None and self.provider == "sglang" and server_timing.timing_missing(self.meta):
+            health.record_note(server_timing.TIMING_MISSING, server_timing.TIMING_MISSING_MESSAGE)
+
 
 def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> ContextManager[ServerCall]:
     """The server side of one generate call, parented to the worker's turn span."""
     parent = carriers.context_from(headers) if headers else None
     if parent is None:
-        return ServerCall(None, headers)
+        return ServerCall(None, headers, provider)
     span = _start(
         sc.SPAN_LLM_SERVER,
         Subject.LLM_SERVER,
@@ -52,7 +59,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
         {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
         kind=SpanKind.SERVER,
     )
-    return ServerCall(span, headers)
+    return ServerCall(span, headers, provider)
 
 
 def current_server_call() -> Optional[ServerCall]:
