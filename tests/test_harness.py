@@ -206,14 +206,64 @@ def test_sglang_http_server_generate_runs_verl_method(model_dir):
     assert type(obj).__name__ == "GenerateReqInput" and obj.rid == "req-1"
     assert obj.sampling_params["max_new_tokens"] == min(128, 512 + 128 - len(prompt_ids))
     assert obj.return_logprob is True and "logprobs" not in obj.sampling_params
-    for key in ("e2e_latency", "queue_time", "request_received_ts", "prefill_finished_ts", "prefill_launch_latency"):
-        assert isinstance(meta[key], float)
+    # verl's default rollout config leaves sglang's metrics off: only e2e_latency, as sglang
+    assert isinstance(meta["e2e_latency"], float)
+    assert not set(meta) & {"queue_time", "request_received_ts", "prefill_finished_time", "prefill_finished_ts"}
     assert meta["completion_tokens"] == len(greedy.token_ids)
     # caller's max_new_tokens honoured -> finish reason "length", cut tool call
     assert len(tool_call.token_ids) == 8 and tool_call.stop_reason == "length" and tool_call.log_probs is None
     import importlib.util
 
     assert importlib.util.find_spec("sglang") is None  # uninstall() removed the stand-in
+
+
+SGLANG_0_5_12_TIMING = {  # what sglang 0.5.12 adds to a finished request's meta_info with enable_metrics
+    "request_received_ts", "api_server_dispatch_finish_ts", "forward_entry_time", "prefill_finished_time",
+    "queue_time", "response_sent_to_client_ts", "request_finished_ts",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("switch", [
+    {"engine_kwargs": {"sglang": {"enable_metrics": True}}},  # what otel-verl run adds
+    {"prometheus": {"enable": True}},  # verl's Prometheus switch
+    {},
+])
+def test_the_sglang_stand_in_reports_timing_as_verl_switches_sglang_metrics(model_dir, switch):
+    """verl's SGLangHttpServer starts sglang with enable_metrics from engine_kwargs.sglang or
+    prometheus.enable; the stand-in engine then answers with sglang 0.5.12's timing keys."""
+    from otel_verl.demo import sglang_standin
+    from otel_verl.demo.llm_server_standin import sglang_enable_metrics
+
+    config = {"name": "sglang", "prompt_length": 512, "response_length": 128, "max_model_len": 640,
+              "tensor_model_parallel_size": 1, "_target_": "verl.workers.config.RolloutConfig", **switch}
+    if "prometheus" in config:
+        config["prometheus"] = {"_target_": "verl.workers.config.PrometheusConfig", **config["prometheus"]}
+    try:
+        server = sglang_standin.make_sglang_server_standin(config, model_config=model_dir)
+        seen = []
+        inner = server.tokenizer_manager.generate_request
+
+        async def recording(obj, request=None):
+            async for out in inner(obj, request):
+                seen.append(out["meta_info"])
+                yield out
+
+        server.tokenizer_manager.generate_request = recording
+        asyncio.run(server.generate([1, 2, 3], {"temperature": 0}, "req-1"))
+    finally:
+        sglang_standin.uninstall()
+    [meta] = seen
+    assert sglang_enable_metrics(server.config) is bool(switch)
+    if switch:
+        assert SGLANG_0_5_12_TIMING <= set(meta)
+        assert meta["request_received_ts"] <= meta["forward_entry_time"] <= meta["prefill_finished_time"]
+        assert meta["prefill_finished_time"] <= meta["request_finished_ts"]
+        # the keys sglang 0.5.12 does not write
+        assert not set(meta) & {"prefill_finished_ts", "prefill_launch_latency", "first_token_latency"}
+    else:
+        assert not set(meta) & SGLANG_0_5_12_TIMING
+    assert meta["e2e_latency"] > 0
 
 
 def test_the_engine_stand_in_continues_a_resumed_partial_reply():

@@ -15,22 +15,29 @@ checks remote-call kwargs against this signature, so a caller that adds a kwarg 
 as it would against the real server. It returns verl's ``TokenOutput`` with
 ``extra_fields={"global_steps": ...}``, exactly the keys the real sglang server returns.
 
-Engine timing, the way a future tracing wrapper can read it
-----------------------------------------------------------
+Engine timing, the way a tracing wrapper reads it
+-------------------------------------------------
 verl's ``SGLangHttpServer.generate`` awaits
 ``self.tokenizer_manager.generate_request(obj, None).__anext__()`` and keeps only
 ``finish_reason`` and log-probs from the result's ``meta_info``; sglang's per-request
-timing (``e2e_latency``, ``queue_time``, ``request_received_ts``, ``prefill_finished_ts``,
-``prefill_launch_latency``) is dropped and never reaches ``TokenOutput.extra_fields``. The
-stand-in keeps that structure:
+timing is dropped and never reaches ``TokenOutput.extra_fields``. The stand-in keeps that
+structure, and answers with the timing keys sglang 0.5.12 (the version verl 0.9.1 pins)
+reports:
 
 * ``LLMServerStandIn.tokenizer_manager`` is a :class:`TokenizerManagerStandIn`, whose
   ``generate_request(obj, request=None)`` is an async generator yielding the sglang-shaped
   dict ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": ...},
-  "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency", "queue_time",
-  "request_received_ts", "prefill_finished_ts", "prefill_launch_latency",
+  "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency", ...,
   ["output_token_logprobs"]}}``. A wrapper around ``TokenizerManagerStandIn.generate_request``
   sees the same thing a wrapper around sglang's ``TokenizerManager.generate_request`` would.
+* Like sglang, it reports only ``e2e_latency`` unless its server runs with
+  ``enable_metrics``; then it adds ``request_received_ts``, ``api_server_dispatch_finish_ts``,
+  ``forward_entry_time``, ``prefill_finished_time``, ``queue_time``,
+  ``response_sent_to_client_ts`` and ``request_finished_ts`` (no ``prefill_finished_ts`` nor
+  ``prefill_launch_latency``: 0.5.12 reports neither). The servers here take the switch
+  from the rollout config as verl's ``SGLangHttpServer.launch_server`` does
+  (:func:`sglang_enable_metrics`): ``engine_kwargs.sglang.enable_metrics``, or
+  ``prometheus.enable``, or verl's RL-Insight logging.
 * In addition the server records the last ``meta_info`` per request id (bounded):
   ``LLMServerStandIn.engine_meta_info(request_id)`` (a local method, also callable as a
   Ray actor method) returns it; ``engine_meta_info_all()`` returns all recorded ones.
@@ -170,18 +177,51 @@ def _continuation(prompt_text: str, reply: str) -> str:
     return reply[len(partial):] if partial and reply.startswith(partial) else reply
 
 
-def _aborted_output(rid: Any, output_ids: List[int], received_ts: float) -> Dict[str, Any]:
-    now = time.time()
+def sglang_enable_metrics(config: Any) -> bool:
+    """Whether verl 0.9.1's ``SGLangHttpServer.launch_server`` would start sglang with
+    ``enable_metrics`` for this rollout config: ``engine_kwargs.sglang`` passes it through,
+    ``prometheus.enable`` or RL-Insight logging turns it on."""
+    engine_kwargs = _cfg(_cfg(config, "engine_kwargs", {}), "sglang", {})
+    enabled = bool(_cfg(engine_kwargs, "enable_metrics", False))
+    if bool(_cfg(_cfg(config, "prometheus", None), "enable", False)):
+        enabled = True
+    try:
+        from verl.utils.tracking import RLInsightLogger
+
+        enabled = enabled or bool(RLInsightLogger.enabled())
+    except Exception:  # a verl without RL-Insight: that switch does not exist
+        pass
+    return enabled
+
+
+def _timing_meta(enable_metrics: bool, received: float, finished: float, *, dispatched: Optional[float] = None,
+                 forward_entry: Optional[float] = None, prefill_finished: Optional[float] = None) -> Dict[str, Any]:
+    """The timing keys of a finished request's ``meta_info`` as sglang 0.5.12 writes them:
+    ``e2e_latency`` always, the rest only with ``enable_metrics`` (wall-clock seconds)."""
+    meta: Dict[str, Any] = {"e2e_latency": finished - received}
+    if not enable_metrics:
+        return meta
+    meta["request_received_ts"] = received
+    if dispatched is not None:
+        meta["api_server_dispatch_finish_ts"] = dispatched
+    meta["response_sent_to_client_ts"] = finished
+    meta["request_finished_ts"] = finished
+    if forward_entry is not None:
+        meta["forward_entry_time"] = forward_entry
+        meta["queue_time"] = forward_entry - (dispatched if dispatched is not None else received)
+    if prefill_finished is not None:
+        meta["prefill_finished_time"] = prefill_finished
+    return meta
+
+
+def _aborted_output(rid: Any, output_ids: List[int], received_ts: float, enable_metrics: bool) -> Dict[str, Any]:
     meta_info = {
         "id": rid,
         "finish_reason": {"type": "abort"},
         "prompt_tokens": 0,
         "completion_tokens": len(output_ids),
         "cached_tokens": 0,
-        "e2e_latency": now - received_ts,
-        "queue_time": 0.0,
-        "request_received_ts": received_ts,
-        "request_finished_ts": now,
+        **_timing_meta(enable_metrics, received_ts, time.time()),
     }
     return {"text": "", "output_ids": list(output_ids), "meta_info": meta_info}
 
@@ -193,7 +233,8 @@ class TokenizerManagerStandIn:
     sglang's ``GenerateReqInput`` (or the stand-in of it) or a dict with ``rid``,
     ``input_ids``, ``sampling_params`` and ``return_logprob``. It yields one final output.
     The memory-occupation methods track the released tags; generating while the weights are
-    released raises, as a real engine would produce garbage or fail then.
+    released raises, as a real engine would produce garbage or fail then. ``enable_metrics``
+    is sglang's server argument: without it, ``meta_info`` holds no timing but ``e2e_latency``.
     """
 
     def __init__(
@@ -203,8 +244,10 @@ class TokenizerManagerStandIn:
         latency_s: float = 0.05,
         per_token_latency_s: float = 0.0005,
         policy: Optional[ScriptedPolicyStandIn] = None,
+        enable_metrics: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
+        self.enable_metrics = bool(enable_metrics)
         self.latency_s = float(latency_s)
         self.per_token_latency_s = float(per_token_latency_s)
         self.policy = policy or ScriptedPolicyStandIn()
@@ -239,7 +282,7 @@ class TokenizerManagerStandIn:
         while self.paused:
             if self.reject_while_paused:
                 self.stats["rejected"] += 1
-                yield _aborted_output(_field(obj, "rid"), [], received_ts)
+                yield _aborted_output(_field(obj, "rid"), [], received_ts, self.enable_metrics)
                 return
             await self._resume_event().wait()
         if "weights" in self.released_tags:
@@ -249,6 +292,7 @@ class TokenizerManagerStandIn:
         sampling_params = dict(_field(obj, "sampling_params") or {})
         return_logprob = bool(_field(obj, "return_logprob", False))
         max_new_tokens = sampling_params.get("max_new_tokens")
+        dispatched_ts = time.time()  # handed to the scheduler
 
         # queueing: requests beyond a small "batch" wait a little, like a busy scheduler
         self._inflight += 1
@@ -275,7 +319,7 @@ class TokenizerManagerStandIn:
                 # "decoded" so far with finish reason abort, as sglang does for partial rollout
                 done = int(len(output_ids) * min(1.0, (time.time() - prefill_finished_ts) / max(decode_s, 1e-6)))
                 self.stats["aborted"] += 1
-                out = _aborted_output(rid, output_ids[:done], received_ts)
+                out = _aborted_output(rid, output_ids[:done], received_ts, self.enable_metrics)
                 if return_logprob:
                     out["meta_info"]["output_token_logprobs"] = [
                         (self._logprob(t, i), t, None) for i, t in enumerate(output_ids[:done])
@@ -298,12 +342,8 @@ class TokenizerManagerStandIn:
             "prompt_tokens": len(input_ids),
             "completion_tokens": len(output_ids),
             "cached_tokens": 0,
-            "e2e_latency": finished_ts - received_ts,
-            "queue_time": prefill_launch_ts - received_ts,
-            "request_received_ts": received_ts,
-            "prefill_launch_latency": prefill_launch_ts - received_ts,
-            "prefill_finished_ts": prefill_finished_ts,
-            "request_finished_ts": finished_ts,
+            **_timing_meta(self.enable_metrics, received_ts, finished_ts, dispatched=dispatched_ts,
+                           forward_entry=prefill_launch_ts, prefill_finished=prefill_finished_ts),
         }
         if return_logprob:
             meta_info["output_token_logprobs"] = [
@@ -389,7 +429,8 @@ class LLMServerStandIn:
         self.free_cache_engine = bool(_cfg(config, "free_cache_engine", True))
         self.tokenizer = AutoTokenizer.from_pretrained(_model_path(model_config))
         self.tokenizer_manager = TokenizerManagerStandIn(
-            self.tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s
+            self.tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s,
+            enable_metrics=sglang_enable_metrics(config),
         )
         # model weights version, set through set_global_steps when weights are "updated"
         self.global_steps: Optional[int] = None

@@ -15,8 +15,11 @@ a CPU machine (and could not serve there). Two stand-ins make the module importa
 * The engine front-end is :class:`otel_verl.demo.llm_server_standin.TokenizerManagerStandIn`,
   whose ``generate_request(obj, request=None)`` is an async generator yielding
   ``{"output_ids": [...], "meta_info": {"finish_reason": {"type": "stop"}, "e2e_latency",
-  "queue_time", "request_received_ts", "prefill_finished_ts", "prefill_launch_latency",
-  "completion_tokens", ...}}`` like sglang's ``TokenizerManager.generate_request``.
+  "completion_tokens", ...}}`` like sglang's ``TokenizerManager.generate_request``, with
+  sglang 0.5.12's timing keys (``queue_time``, ``request_received_ts``,
+  ``prefill_finished_time``, ...) only when the rollout config switches sglang's
+  ``enable_metrics`` on as verl's ``launch_server`` reads it
+  (:func:`otel_verl.demo.llm_server_standin.sglang_enable_metrics`).
 
 :func:`make_sglang_server_standin` returns a real ``SGLangHttpServer`` instance made with
 ``object.__new__`` (its ``__init__`` and ``launch_server`` start sglang subprocesses and an
@@ -258,7 +261,7 @@ def init_server_attributes(
     """Set, on an ``SGLangHttpServer`` made without ``__init__``, what its methods read (verl 0.9.1)."""
     from verl.workers.rollout.replica import RolloutMode
 
-    from otel_verl.demo.llm_server_standin import TokenizerManagerStandIn
+    from otel_verl.demo.llm_server_standin import TokenizerManagerStandIn, sglang_enable_metrics
 
     server.config = _as_rollout_config(config)
     server.model_config = _as_model_config(model_config)
@@ -285,8 +288,11 @@ def init_server_attributes(
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(server.model_config.path)
+        # launch_server, which would start sglang with these server args, is bypassed: the
+        # stand-in engine takes verl's enable_metrics decision from the same config
         tokenizer_manager = TokenizerManagerStandIn(
-            tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s
+            tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s,
+            enable_metrics=sglang_enable_metrics(server.config),
         )
     server.tokenizer_manager = tokenizer_manager
     return server

@@ -68,6 +68,11 @@ def run_demo(
         # abort_all_requests(reject_request=...), which SGLangHttpServer does not accept.
         server = "standin" if harness_kwargs.get("mode") in ("colocate_async", "separate_async") else "sglang"
 
+    from otel_verl.server_timing import ENABLE_METRICS_OVERRIDE
+
+    # As `otel-verl run` adds it to a verl.trainer.main_ppo command: the sglang stand-in
+    # reports per-request timing only with it, like sglang.
+    overrides = [ENABLE_METRICS_OVERRIDE, *overrides]
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
     runtime_env = activation.runtime_env()
     runtime_env["env_vars"].update(worker_env or {})
