@@ -19,10 +19,17 @@ def main() -> None:
     """OpenTelemetry tracing for verl."""
 
 
+_SGLANG_TIMING_HELP = ("Add the Hydra override that makes verl's sglang servers report per-request timing "
+                       "(the trajectory JSONL's sglang_* fields, the report's queue/prefill/decode split).")
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--trace-dir", type=click.Path(file_okay=False), help="Write legacy files and OTLP-JSON here (VERL_TRACE_DIR).")
+@click.option("--sglang-timing/--no-sglang-timing", default=True, show_default=True,
+              help=_SGLANG_TIMING_HELP + " Only to a verl.trainer.main_ppo command whose rollout engine is sglang "
+                   "or not given on its command line, and that does not set sglang's metrics itself.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run(trace_dir: str | None, command: Tuple[str, ...]) -> None:
+def run(trace_dir: str | None, sglang_timing: bool, command: Tuple[str, ...]) -> None:
     """Run COMMAND (e.g. python -m verl.trainer.main_ppo ...) with tracing on in every Ray process.
 
     Put the command after `--`. Its exit code is passed through.
@@ -34,11 +41,22 @@ def run(trace_dir: str | None, command: Tuple[str, ...]) -> None:
         raise click.UsageError(str(exc)) from None
     if not settings.load(env).enabled:
         click.echo("otel-verl: nothing to export to: set --trace-dir, VERL_TRACE_DIR or OTEL_EXPORTER_OTLP_ENDPOINT", err=True)
+    command = tuple(command) + tuple(_sglang_timing_overrides(command) if sglang_timing else ())
     try:
         completed = subprocess.run(list(command), env=env)
     except FileNotFoundError:
         raise click.UsageError(f"command not found: {command[0]}") from None
     sys.exit(completed.returncode if completed.returncode >= 0 else 128 - completed.returncode)
+
+
+def _sglang_timing_overrides(command: Tuple[str, ...]) -> list:
+    from otel_verl.verl_config import run_overrides
+
+    added = run_overrides(command)
+    if added:
+        click.echo(f"otel-verl: adding {' '.join(added)} (sglang per-request timing; --no-sglang-timing leaves it out)",
+                   err=True)
+    return added
 
 
 def launch_env(base: "os._Environ[str] | dict", trace_dir: str | None = None) -> dict:
@@ -78,11 +96,14 @@ def demo(trace_dir: str, steps: int, prompts: int, n: int, agent: str, trainer: 
 
 
 @main.command()
-def overrides() -> None:
+@click.option("--sglang-timing/--no-sglang-timing", default=True, show_default=True,
+              help=_SGLANG_TIMING_HELP + " verl's other rollout engines ignore it.")
+def overrides(sglang_timing: bool) -> None:
     """Print the Hydra overrides that switch tracing on for verl.trainer.main_ppo."""
     from otel_verl.activation import hydra_overrides
+    from otel_verl.server_timing import ENABLE_METRICS_OVERRIDE
 
-    for line in hydra_overrides():
+    for line in hydra_overrides() + ([ENABLE_METRICS_OVERRIDE] if sglang_timing else []):
         click.echo(line)
     secrets = sorted(name for name in settings.forwarded_env() if settings.is_secret(name))
     if secrets:
@@ -291,6 +312,24 @@ def _settings_checks(env: dict) -> tuple:
     return checks, cfg
 
 
+def _verl_config_checks(sources: Tuple[str, ...]) -> list:
+    """What the verl launch in ``sources`` (``--config``) means for the traced outputs.
+    An unreadable source is a usage error."""
+    from otel_verl import verl_config
+
+    try:
+        values = verl_config.read(sources)
+    except verl_config.ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
+    engine = values.get(verl_config.ROLLOUT_NAME_KEY)
+    engine_text = engine if isinstance(engine, str) else ("unknown (a variable)" if engine is verl_config.UNKNOWN
+                                                          else "not set there (sglang assumed)")
+    state, detail, fix = verl_config.sglang_timing(values)
+    check_state = {verl_config.ON: OK, verl_config.OFF: WARN, verl_config.REFUSED: WARN}.get(state, INFO)
+    return [_Check("verl config", "rollout engine", INFO, engine_text),
+            _Check("verl config", "sglang timing", check_state, detail, fix)]
+
+
 def _print_area(console, area: str, checks: list) -> None:
     from collections import Counter
 
@@ -320,9 +359,15 @@ def _print_area(console, area: str, checks: list) -> None:
 @click.option("--trace-dir", type=click.Path(file_okay=False), help="Check this trace dir (default: VERL_TRACE_DIR).")
 @click.option("--timeout", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds to wait for the OTLP endpoint.")
 @click.option("--no-hooks", is_flag=True, help="Skip importing verl and installing the hooks (a quick configuration check).")
-def doctor(trace_dir: str | None, timeout: float, no_hooks: bool) -> None:
+@click.option("--config", "configs", multiple=True, metavar="CONFIG",
+              help="The verl launch to check (repeatable, a later one wins): a YAML verl config, a file of Hydra "
+                   "overrides (or the launch script), or overrides given here (key=value). Warns when sglang "
+                   "will not report per-request timing.")
+def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple[str, ...]) -> None:
     """Check this environment: versions, which hooks install on this verl, the settings,
-    the trace dir and the OTLP endpoint. Exits 1 when something required is wrong."""
+    the trace dir and the OTLP endpoint (and, with --config, a verl launch). Exits 1 when
+    something required is wrong."""
+    config_checks = _verl_config_checks(configs) if configs else []
     env = dict(os.environ)
     if trace_dir:
         env[settings.TRACE_DIR] = trace_dir
@@ -332,6 +377,7 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool) -> None:
     checks.append(_trace_dir_check(cfg.trace_dir if cfg else (trace_dir or env.get(settings.TRACE_DIR))))
     endpoint = cfg.otlp_endpoint if cfg else (env.get(settings.OTLP_TRACES_ENDPOINT) or env.get(settings.OTLP_ENDPOINT))
     checks.append(_endpoint_check(endpoint, timeout))
+    checks += config_checks
     if not no_hooks:
         checks += _hook_checks()
 

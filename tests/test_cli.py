@@ -187,7 +187,7 @@ def test_report_numbers_match_the_spans(demo):
         assert server is not None, "the sglang stand-in reports per-request timing"
         assert server["e2e"] == pytest.approx(sum(m["e2e_latency"] for m in meta))
         assert server["queue"] == pytest.approx(sum(m["queue_time"] for m in meta))
-        ttft = [m["prefill_finished_ts"] - m["request_received_ts"] for m in meta]
+        ttft = [m["prefill_finished_time"] - m["request_received_ts"] for m in meta]  # sglang 0.5.12's keys
         assert server["prefill"] == pytest.approx(sum(t - m["queue_time"] for t, m in zip(ttft, meta)), abs=1e-6)
         assert server["decode"] == pytest.approx(sum(m["e2e_latency"] - t for t, m in zip(ttft, meta)), abs=1e-6)
         assert server["queue"] + server["prefill"] + server["decode"] == pytest.approx(server["e2e"], abs=1e-6)
@@ -715,6 +715,63 @@ def test_doctor_required_hook_skipped(monkeypatch, tmp_path):
     assert "hooks: 1 install, 2 skipped or failing, 1 not importable here" in result.stdout
 
 
+# --------------------------------------------------------------------------- doctor --config
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def _warning_lines(result):
+    lines = result.stdout.splitlines()
+    return [(lines[i], lines[i + 1]) for i, line in enumerate(lines) if line.startswith("warning: ")]
+
+
+@pytest.mark.verl
+def test_doctor_config_warns_when_sglang_will_not_report_its_timing(tmp_path):
+    env = {"VERL_TRACE_DIR": str(tmp_path)}
+    script = _write(tmp_path / "run.sh", f"python3 -m verl.trainer.main_ppo \\\n  {ROLLOUT}.name=sglang \\\n"
+                                         "  trainer.n_gpus_per_node=8\n")
+    result = _doctor(env, "--config", str(script))
+    assert result.exit_code == 0, result.output
+    [(warning, fix)] = _warning_lines(result)
+    assert warning.startswith("warning: sglang timing: sglang will report only e2e_latency")
+    assert fix == "  fix: add the Hydra override ++actor_rollout_ref.rollout.engine_kwargs.sglang.enable_metrics=True " \
+                  "(otel-verl run adds it to verl.trainer.main_ppo)"
+    assert result.stdout.splitlines()[-1] == "doctor: no problems (1 warning(s))"
+    assert "rollout engine info sglang" in " ".join(result.stdout.split())
+
+    # switched on: by the override (a later --config wins), or by verl's Prometheus switch
+    result = _doctor(env, "--config", str(script), "--config", f"++{ROLLOUT}.engine_kwargs.sglang.enable_metrics=True")
+    assert not _warning_lines(result) and "sglang timing ok sglang reports per-request timing" in " ".join(result.stdout.split())
+    config = _write(tmp_path / "config.yaml", "actor_rollout_ref:\n  rollout:\n    name: sglang\n"
+                                              "    disable_log_stats: false\n    prometheus:\n      enable: true\n")
+    result = _doctor(env, "--config", str(config))
+    assert not _warning_lines(result) and "(actor_rollout_ref.rollout.prometheus.enable=True)" in result.stdout
+    # prometheus on with verl's default disable_log_stats: verl would refuse to start its servers
+    result = _doctor(env, "--config", f"{ROLLOUT}.name=sglang {ROLLOUT}.prometheus.enable=True")
+    [(warning, fix)] = _warning_lines(result)
+    assert "needs actor_rollout_ref.rollout.disable_log_stats=False" in warning
+    # another engine: nothing to warn about
+    result = _doctor(env, "--config", f"{ROLLOUT}.name=vllm")
+    assert result.exit_code == 0 and not _warning_lines(result)
+    assert "rollout engine vllm: no sglang server to report it" in " ".join(result.stdout.split())
+    # without --config: no verl config section
+    assert "verl config" not in _doctor(env).stdout
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: str(d / "missing.yaml"), "missing.yaml': no such file, and not a Hydra override (key=value)"),
+    (lambda d: str(_write(d / "broken.yaml", "actor_rollout_ref: {rollout: [\n")), "broken.yaml: not valid YAML"),
+    (lambda d: str(d), "cannot read it"),
+])
+def test_doctor_config_unreadable_is_a_clear_usage_error(tmp_path, make, needle):
+    result = _doctor({"VERL_TRACE_DIR": str(tmp_path)}, "--config", make(tmp_path))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: Invalid value for ") and "--config" in lines[-1], result.stderr
+    assert needle in lines[-1], result.stderr
+
+
 # --------------------------------------------------------------------------- the older commands
 
 
@@ -726,6 +783,28 @@ def test_overrides_never_print_exporter_headers():
     assert "s3cr3t" not in result.stdout and "s3cr3t" not in result.stderr
     assert "env_vars.OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318" in result.stdout
     assert "OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS not printed" in result.stderr
+
+
+def test_overrides_and_run_add_the_sglang_timing_override(tmp_path):
+    override = "++actor_rollout_ref.rollout.engine_kwargs.sglang.enable_metrics=True"
+    assert override in cli("overrides").stdout.splitlines()
+    assert override not in cli("overrides", "--no-sglang-timing").stdout
+    show_args = [sys.executable, "-c", "import sys; print(sys.argv[1:])"]
+    main_ppo = ["-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=sglang"]
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "otel_verl.cli", "run", "--trace-dir", str(tmp_path), *args],
+                              capture_output=True, text=True, timeout=120, env=_subprocess_env())
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    proc = run("--", *show_args, *main_ppo)
+    assert proc.stdout.strip() == repr([*main_ppo, override])  # appended, after the user's own overrides
+    assert f"otel-verl: adding {override}" in proc.stderr and "--no-sglang-timing" in proc.stderr
+    assert run("--no-sglang-timing", "--", *show_args, *main_ppo).stdout.strip() == repr(main_ppo)
+    vllm = main_ppo[:2] + ["actor_rollout_ref.rollout.name=vllm"]
+    assert run("--", *show_args, *vllm).stdout.strip() == repr(vllm)
+    assert run("--", *show_args, "other").stdout.strip() == repr(["other"])  # not verl's main_ppo: untouched
 
 
 def test_run_overrides_and_launch_env_still_work(tmp_path):
