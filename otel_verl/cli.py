@@ -187,15 +187,21 @@ def _version_checks() -> list:
 
 def _hook_checks() -> list:
     """Install every hook in this process, import the verl modules they target, read
-    :func:`hooks.status`. Import noise (verl's warnings) is swallowed."""
+    :func:`hooks.status`. Import noise (verl's warnings) is swallowed. A hook whose
+    module cannot be imported here (it imports sglang or vLLM) is checked on the
+    installed source instead (:mod:`otel_verl.hookcheck`)."""
     import contextlib
     import importlib
     import io
     import warnings
 
+    from otel_verl import hookcheck
     from otel_verl.instrumentation import all_hooks, hooks
 
     targets = all_hooks()
+    specs = [(h.module, h.target, h.params) for h in targets]
+    sources = hookcheck.check_hooks(specs, hookcheck.installed_trees(m.split(".", 1)[0] for m, _, _ in specs))
+    source_of = {r.hook: r for r in sources}
     hooks.install_all(targets)
     import_errors: dict = {}
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
@@ -214,18 +220,90 @@ def _hook_checks() -> list:
         if state == hooks.INSTALLED:
             pass
         elif hook.module in import_errors:
-            check.detail = f"not importable here: {import_errors[hook.module]}"
+            source = source_of[hook.name]
+            check.detail = f"not importable here: {import_errors[hook.module]}; source: {_source_detail(source)}"
             if required:
                 check.state, check.fix = FAIL, "install verl with what its agent loop imports: pip install 'otel-verl[verl]'"
-            else:
+            elif source.ok or source.state == hookcheck.UNAVAILABLE:
                 check.state = INFO
                 check.detail += " (needed only where this LLM server runs)"
+            else:
+                check.state, check.fix = WARN, "use a verl in the supported range (see versions above) or report the drift"
         elif state == hooks.SKIPPED:
             check.state, check.detail = (FAIL if required else WARN), f"skipped: {reason}"
             check.fix = "use a verl in the supported range (see versions above) or report the drift"
         else:
             check.state, check.detail = WARN, f"{state}: {reason}"
         checks.append(check)
+    return checks
+
+
+def _source_detail(result, with_source: bool = True) -> str:
+    """A :class:`hookcheck.HookSource` in words."""
+    from otel_verl import hookcheck
+
+    if result.state == hookcheck.UNAVAILABLE:
+        return f"{result.detail} (see engine sources)"
+    text = "parameters found" if result.state == hookcheck.FOUND else result.state
+    text += f": {result.detail}" if result.detail else ""
+    return f"{text} ({result.source})" if with_source else text
+
+
+def _engine_source_checks(paths: Tuple[str, ...], fetch: bool) -> list:
+    """The hooks into sglang and vLLM, checked on their source: the wheels or directories
+    in ``paths``, else the wheel cache (filled by ``fetch``: verl's pinned versions and
+    the newest). Also: the ``meta_info`` keys the trajectory file's timings read are keys
+    sglang writes."""
+    from otel_verl import engine_wheels, hookcheck
+    from otel_verl.instrumentation import all_hooks
+
+    checks = []
+    if fetch:
+        checks += _fetch_engine_wheels()
+    try:
+        trees = [hookcheck.open_source(p) for p in paths] if paths else [
+            engine_wheels.source_tree(w) for w in engine_wheels.cached_wheels()]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--engine-source") from exc
+    if not trees:
+        return checks + [_Check("engine sources", "sglang, vllm", INFO, f"no engine wheels in {engine_wheels.cache_dir()}")]
+    hooks_by_package: dict = {}
+    for hook in all_hooks():
+        hooks_by_package.setdefault(hook.module.split(".", 1)[0], []).append(hook)
+    for tree in trees:
+        area = f"engine sources: {tree.label}"  # one table per source
+        packages = sorted(p for p in tree.packages() if p in hooks_by_package)
+        if not packages:
+            checks.append(_Check(area, ", ".join(sorted(tree.packages())) or "-", INFO, "no hook targets this package"))
+            continue
+        hooks_here = [h for p in packages for h in hooks_by_package[p]]
+        for hook, result in zip(hooks_here, hookcheck.check_hooks([(h.module, h.target, h.params) for h in hooks_here], [tree])):
+            checks.append(_Check(area, hook.name, OK if result.ok else WARN, _source_detail(result, with_source=False),
+                                 "" if result.ok else f"the wrapper would be skipped with {tree.label}: report the drift"))
+        if "sglang" in tree.packages():
+            meta = hookcheck.check_meta_keys(tree)
+            detail = f"writes {', '.join(meta.written) or 'none'}"
+            if meta.absent:
+                detail += f"; never writes {', '.join(meta.absent)}"
+            fix = f"with {tree.label} the trajectory file's sglang_* timings from those keys stay null" if meta.absent else ""
+            checks.append(_Check(area, "meta_info keys the trajectory timings read", WARN if meta.absent else OK, detail, fix))
+    return checks
+
+
+def _fetch_engine_wheels() -> list:
+    from otel_verl import engine_wheels
+
+    checks = []
+    pinned = engine_wheels.pinned_versions()
+    for engine in engine_wheels.ENGINES:
+        versions = [pinned[engine]] if engine in pinned else []
+        try:
+            versions.append(engine_wheels.newest_version(engine))
+            for version in dict.fromkeys(versions):
+                engine_wheels.fetch(engine, version)
+        except engine_wheels.RegistryUnavailable as exc:
+            checks.append(_Check("engine sources", f"fetch {engine}", WARN, str(exc),
+                                 "check the network / pip's index settings, or pass --engine-source WHEEL_OR_DIR"))
     return checks
 
 
@@ -344,7 +422,7 @@ def _print_area(console, area: str, checks: list) -> None:
         title = (f"hooks: {states[OK]} install, {states[FAIL] + states[WARN]} skipped or failing, "
                  f"{states[INFO]} not importable here")
         table.add_column("component", no_wrap=True)
-    table.add_column("hook" if area == "hooks" else "check", no_wrap=True)
+    table.add_column("hook" if area.startswith(("hooks", "engine sources")) else "check", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("detail")
     for c in checks:
@@ -363,10 +441,16 @@ def _print_area(console, area: str, checks: list) -> None:
               help="The verl launch to check (repeatable, a later one wins): a YAML verl config, a file of Hydra "
                    "overrides (or the launch script), or overrides given here (key=value). Warns when sglang "
                    "will not report per-request timing.")
-def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple[str, ...]) -> None:
+@click.option("--engine-source", "engine_sources", multiple=True, type=click.Path(exists=True),
+              help="Check the sglang/vLLM hooks on this wheel or source directory (repeatable; default: the cached wheels).")
+@click.option("--fetch-engines", is_flag=True,
+              help="First download verl's pinned sglang and vLLM wheels and the newest ones into the cache (network).")
+def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple[str, ...],
+           engine_sources: Tuple[str, ...], fetch_engines: bool) -> None:
     """Check this environment: versions, which hooks install on this verl, the settings,
-    the trace dir and the OTLP endpoint (and, with --config, a verl launch). Exits 1 when
-    something required is wrong."""
+    the trace dir and the OTLP endpoint; the sglang and vLLM hooks on those engines'
+    source (wheels); with --config, a verl launch. Exits 1 when something required is
+    wrong."""
     config_checks = _verl_config_checks(configs) if configs else []
     env = dict(os.environ)
     if trace_dir:
@@ -380,6 +464,7 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
     checks += config_checks
     if not no_hooks:
         checks += _hook_checks()
+        checks += _engine_source_checks(engine_sources, fetch_engines)
 
     def draw(console) -> None:
         for area in dict.fromkeys(c.area for c in checks):

@@ -193,6 +193,18 @@ def test_cached_wheel_found_by_name_and_version(tmp_path):
     assert engine_wheels.cached_wheels(str(tmp_path)) == [str(tmp_path / "sglang-0.5.12-cp311-cp311-manylinux_2_34_x86_64.whl")]
 
 
+def test_no_registry_is_reported_not_raised_raw(tmp_path, monkeypatch):
+    """Without a registry pip fails: the caller gets RegistryUnavailable with pip's reason
+    (the tests below skip with it), and nothing is left in the cache."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-links"))
+    with pytest.raises(engine_wheels.RegistryUnavailable, match="pip index versions sglang: "):
+        engine_wheels.newest_version("sglang")
+    with pytest.raises(engine_wheels.RegistryUnavailable, match=r"pip download sglang==0\.5\.12: .*sglang==0\.5\.12"):
+        engine_wheels.fetch("sglang", "0.5.12", str(tmp_path / "cache"))
+    assert os.listdir(tmp_path / "cache") == []
+
+
 # --------------------------------------------------------------------------- the hook table
 
 
@@ -353,3 +365,76 @@ def test_every_meta_key_the_exporter_reads_is_written_by_sglang():
             continue  # verl not installed: the newest only
         written.update(hookcheck.check_meta_keys(engine_tree(*param.values), keys).written)
     assert set(keys) <= written, f"read but never written: {sorted(set(keys) - written)}"
+
+
+# --------------------------------------------------------------------------- doctor
+
+CLEAN_ENV = {var: None for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
+                                    "OTEL_VERL_ENABLED", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_EXPORTER")}
+
+
+def test_doctor_reports_engine_sources(tmp_path, monkeypatch):
+    """``doctor --engine-source DIR``: each sglang hook and the meta keys on that source,
+    a renamed parameter as a warning naming it."""
+    from click.testing import CliRunner
+
+    from otel_verl import cli
+
+    monkeypatch.setattr(cli, "_hook_checks", lambda: [])  # the live hooks: test_cli's business
+    generate = "class TokenizerManager:\n    async def generate_request(self, {param}, request=None):\n        yield {{}}\n"
+    keys = hookcheck.server_meta_keys()
+    stats = "def convert_to_output_meta_info():\n    return {{{}}}\n"
+    files = {"sglang/__init__.py": "", "sglang/srt/__init__.py": "", "sglang/srt/managers/__init__.py": "",
+             "sglang/srt/observability/__init__.py": ""}
+    good = _write(tmp_path / "good", {**files, "sglang/srt/managers/tokenizer_manager.py": generate.format(param="obj"),
+                                      "sglang/srt/observability/req_time_stats.py": stats.format(", ".join(f"{k!r}: 1" for k in keys))})
+    bad = _write(tmp_path / "bad", {**files, "sglang/srt/managers/tokenizer_manager.py": generate.format(param="req"),
+                                    "sglang/srt/observability/req_time_stats.py": stats.format(", ".join(f"{k!r}: 1" for k in keys[1:]))})
+    env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), "COLUMNS": "400"}
+    result = CliRunner(env=env).invoke(cli.main, ["doctor", "--engine-source", good, "--engine-source", bad],
+                                       catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    tables = {}  # title -> rows
+    for line in lines:
+        if line.startswith("engine sources: "):
+            title = line
+            tables[title] = []
+        elif line.strip() and tables and not line.startswith(("hook ", "─", "warning", "  fix", "doctor")):
+            tables[title].append(line)
+    good_rows, bad_rows = tables[f"engine sources: source at {good}"], tables[f"engine sources: source at {bad}"]
+    hook = "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request"
+    assert good_rows[0].split()[:4] == [hook, "ok", "parameters", "found"], good_rows
+    assert bad_rows[0].split()[:4] == [hook, "warn", "missing", "parameter:"], bad_rows
+    assert f"warning: {hook}: missing parameter: TokenizerManager.generate_request has no parameter obj" in lines
+    assert f"  fix: the wrapper would be skipped with source at {bad}: report the drift" in lines
+    meta = "meta_info keys the trajectory timings read".split()
+    assert good_rows[1].split()[:len(meta) + 1] == meta + ["ok"] and "never" not in good_rows[1]
+    assert bad_rows[1].split()[:len(meta) + 1] == meta + ["warn"]
+    assert (f"warning: meta_info keys the trajectory timings read: writes {', '.join(keys[1:])}; "
+            f"never writes {keys[0]}") in lines
+
+
+def test_doctor_without_engine_sources_says_where_it_looked(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from otel_verl import cli
+
+    monkeypatch.setattr(cli, "_hook_checks", lambda: [])
+    env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), "COLUMNS": "250",
+           engine_wheels.CACHE_ENV: str(tmp_path / "empty")}
+    result = CliRunner(env=env).invoke(cli.main, ["doctor"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"no engine wheels in {tmp_path / 'empty'}" in result.output
+
+
+def test_doctor_rejects_a_file_that_is_no_source(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from otel_verl import cli
+
+    monkeypatch.setattr(cli, "_hook_checks", lambda: [])
+    other = tmp_path / "sglang.tar.gz"
+    other.write_bytes(b"")
+    result = CliRunner().invoke(cli.main, ["doctor", "--engine-source", str(other)])
+    assert result.exit_code == 2 and "neither a directory nor a .whl file" in result.output
