@@ -70,13 +70,16 @@ class DirectoryTree(SourceTree):
     def __init__(self, root: str, label: str = "") -> None:
         self.root = os.path.abspath(root)
         self.label = label or f"source at {self.root}"
+        self._packages: Optional[Set[str]] = None
 
     def packages(self) -> Set[str]:
-        try:
-            names = os.listdir(self.root)
-        except OSError:
-            return set()
-        return {n for n in names if n.isidentifier() and os.path.isfile(os.path.join(self.root, n, "__init__.py"))}
+        if self._packages is None:
+            try:
+                names = os.listdir(self.root)
+            except OSError:
+                names = []
+            self._packages = {n for n in names if n.isidentifier() and os.path.isfile(os.path.join(self.root, n, "__init__.py"))}
+        return self._packages
 
     def read(self, module: str) -> Optional[Tuple[str, str]]:
         for rel in _module_paths(module):
@@ -355,8 +358,8 @@ class HookSource:
 def check_hook(module: str, target: str, params: Sequence[str], trees: Sequence[SourceTree],
                resolver: Optional[_Resolver] = None) -> HookSource:
     """Check one wrap target (``module``, ``Class.method`` or ``function``) and the
-    parameters its wrapper reads, as :mod:`otel_verl.instrumentation.hooks` does on the
-    live object: each parameter must be one of the target's, or it must take ``**kwargs``."""
+    parameters its wrapper reads: the target exists and names each of them (positional,
+    keyword or keyword-only)."""
     name = f"{module}:{target}"
     resolver = resolver or _Resolver(trees)
     tree = resolver._tree_for(module)
@@ -388,11 +391,13 @@ def check_hook(module: str, target: str, params: Sequence[str], trees: Sequence[
                           where=found.where)
     names, takes_kwargs = parameters(found.node)
     missing = tuple(p for p in params if p not in names)
-    if missing and not takes_kwargs:
-        return HookSource(name, label, MISSING_PARAMETER,
-                          f"{target} has no parameter {', '.join(missing)}", missing, found.where)
-    detail = f"{', '.join(missing)} only through **kwargs" if missing else ""
-    return HookSource(name, label, FOUND, detail, where=found.where)
+    if missing:
+        # Stricter than the run-time check, which lets **kwargs stand in: a parameter the
+        # signature no longer names most likely was renamed, and the wrapper would read None.
+        detail = f"{target} has no parameter {', '.join(missing)}"
+        return HookSource(name, label, MISSING_PARAMETER, detail + (" (only its **kwargs could carry it)" if takes_kwargs else ""),
+                          missing, found.where)
+    return HookSource(name, label, FOUND, where=found.where)
 
 
 def check_hooks(hook_specs: Iterable[Tuple[str, str, Sequence[str]]], trees: Sequence[SourceTree]) -> List[HookSource]:
