@@ -11,8 +11,11 @@ which it must report. Wheels are downloaded once into the wheel cache
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
+import textwrap
+import types
 import zipfile
 from typing import Dict, Optional, Tuple
 
@@ -213,6 +216,76 @@ def test_every_hook_declares_what_its_wrapper_reads():
     assert specs == [(h.module, h.target, tuple(h.params)) for h in all_hooks()]
     assert all(isinstance(p, str) and p.isidentifier() for _, _, params in specs for p in params)
     assert hook_specs({"sglang"}) == [s for s in specs if s[0].startswith("sglang.")]
+
+
+def names_read(func, package: str = "otel_verl", seen=None) -> set:
+    """The parameter names a wrapt wrapper reads by literal name: ``.get`` / ``[...]`` /
+    ``.pop`` on what :func:`~otel_verl.instrumentation._args.arguments` returned or on the
+    call's kwargs, and :func:`~otel_verl.instrumentation._args.with_argument`'s name; in
+    the wrapper and the functions of ``package`` its closure holds (a factory's string
+    arguments count as literals)."""
+    seen = set() if seen is None else seen
+    if not isinstance(func, types.FunctionType) or func in seen or not func.__module__.startswith(package):
+        return set()
+    seen.add(func)
+    cells = dict(zip(func.__code__.co_freevars, (c.cell_contents for c in func.__closure__ or ())))
+    read = set().union(*(names_read(cell, package, seen) for cell in cells.values()))
+    if func.__name__ == "<lambda>":
+        return read
+    node = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
+    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)), func
+
+    def is_arguments_call(n):
+        return isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "arguments"
+
+    call_kwargs = node.args.args[3].arg if len(node.args.args) >= 4 else None
+    holders = {call_kwargs}  # names holding the {parameter: value} dict
+    for n in ast.walk(node):
+        if isinstance(n, ast.Assign) and is_arguments_call(n.value) and isinstance(n.targets[0], ast.Tuple):
+            second = n.targets[0].elts[1]
+            holders.add(second.id if isinstance(second, ast.Name) else None)
+
+    def holds_values(n):
+        return (isinstance(n, ast.Name) and n.id in holders) or (isinstance(n, ast.Subscript) and is_arguments_call(n.value))
+
+    def literal(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return n.value
+        return cells.get(n.id) if isinstance(n, ast.Name) and isinstance(cells.get(n.id), str) else None
+
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("get", "pop")
+                and holds_values(n.func.value) and n.args):
+            read.add(literal(n.args[0]))
+        elif isinstance(n, ast.Subscript) and holds_values(n.value) and not is_arguments_call(n.value):
+            read.add(literal(n.slice))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "with_argument" and len(n.args) >= 5:
+            read.add(literal(n.args[4]))
+    return read - {None}
+
+
+def test_wrappers_read_only_declared_parameters():
+    """A wrapper that starts reading a parameter its hook does not declare would not be
+    checked (at run time or on source): the declarations are the one list."""
+    from otel_verl.instrumentation import all_hooks
+
+    undeclared = {h.name: sorted(names_read(h.wrapper) - set(h.params)) for h in all_hooks()}
+    assert not {k: v for k, v in undeclared.items() if v}
+    assert sum(len(names_read(h.wrapper)) for h in all_hooks()) >= 30  # the reader sees the reads
+
+
+def test_names_read_finds_each_kind_of_read():
+    from otel_verl.instrumentation._args import arguments, with_argument
+
+    def factory(column):
+        def wrapper(wrapped, instance, args, kwargs):
+            _, values = arguments(wrapped, instance, args, kwargs)
+            values.get("request_id"), values["prompt_ids"], kwargs.get("name"), values.get(column)
+            obj = arguments(wrapped, instance, args, kwargs)[1].get("obj")
+            return with_argument(wrapped, instance, args, kwargs, "priority", obj)
+        return wrapper
+
+    assert names_read(factory("batch"), package=__name__) == {"request_id", "prompt_ids", "name", "batch", "obj", "priority"}
 
 
 def test_server_meta_keys_are_read_from_the_exporter():
