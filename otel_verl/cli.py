@@ -278,7 +278,8 @@ def _engine_source_checks(paths: Tuple[str, ...], fetch: bool) -> list:
             continue
         hooks_here = [h for p in packages for h in hooks_by_package[p]]
         for hook, result in zip(hooks_here, hookcheck.check_hooks([(h.module, h.target, h.params) for h in hooks_here], [tree])):
-            checks.append(_Check(area, hook.name, OK if result.ok else WARN, _source_detail(result, with_source=False),
+            state = OK if result.state == hookcheck.FOUND else INFO if result.ok else WARN
+            checks.append(_Check(area, hook.name, state, _source_detail(result, with_source=False),
                                  "" if result.ok else f"the wrapper would be skipped with {tree.label}: report the drift"))
         if "sglang" in tree.packages():
             meta = hookcheck.check_meta_keys(tree)

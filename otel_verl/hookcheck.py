@@ -163,8 +163,11 @@ def installed_trees(packages: Iterable[str]) -> List[SourceTree]:
 
 
 def open_source(path: str, extract_dir: Optional[str] = None) -> SourceTree:
-    """A wheel file or a directory as a :class:`SourceTree` (``ValueError`` otherwise)."""
+    """A wheel file or a directory (holding packages, or a package itself) as a
+    :class:`SourceTree` (``ValueError`` otherwise)."""
     if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "__init__.py")):  # a package: its parent is the root
+            return DirectoryTree(os.path.dirname(os.path.abspath(path)), label=f"source at {os.path.abspath(path)}")
         return DirectoryTree(path)
     if os.path.isfile(path) and path.endswith(".whl"):
         return WheelTree(path, extract_dir)

@@ -170,6 +170,12 @@ def test_wheel_members_are_kept_unpacked(tmp_path):
     assert check_hook("demo_pkg.server", "Server.generate", ("obj",), [again]).missing == ("obj",)
 
 
+def test_open_source_takes_a_package_directory(synthetic, tmp_path):
+    tree = hookcheck.open_source(str(tmp_path / "pkg"))
+    assert tree.packages() == {"pkg"} and tree.label == f"source at {tmp_path / 'pkg'}"
+    assert check_hook("pkg.impl.core", "Server.step", ("batch",), [tree]).state == hookcheck.FOUND
+
+
 def test_open_source_rejects_other_files(tmp_path):
     other = tmp_path / "notes.txt"
     other.write_text("")
