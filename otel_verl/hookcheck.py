@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import os
 import tempfile
+import textwrap
 import zipfile
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 FOUND = "found"
 MISSING_MODULE = "missing module"
@@ -423,27 +425,84 @@ def hook_specs(packages: Optional[Set[str]] = None) -> List[Tuple[str, str, Tupl
 
 def server_meta_keys() -> Tuple[str, ...]:
     """The sglang ``meta_info`` keys the trajectory file's server timings read, taken from
-    the exporter's own code (each ``meta.get("key")`` / ``meta["key"]`` on the function's
-    first parameter), so this check follows any change there."""
-    import inspect
-
+    the exporter's own code, so this check follows any change there: each ``meta.get(K)``,
+    ``meta[K]`` on the function's ``meta`` parameter, where ``K`` is a string, a constant
+    (or a tuple of them a loop walks), in that function and in the functions of otel_verl
+    it hands ``meta`` to."""
     from otel_verl.exporters import trajectory_jsonl
 
-    function = trajectory_jsonl._server_timings
-    node = ast.parse(inspect.getsource(function).lstrip()).body[0]
-    assert isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    meta = node.args.args[0].arg
     keys: List[str] = []
-    for sub in ast.walk(node):
-        key = None
-        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "get"
-                and isinstance(sub.func.value, ast.Name) and sub.func.value.id == meta and sub.args):
-            key = sub.args[0]
-        elif isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) and sub.value.id == meta:
-            key = sub.slice
-        if isinstance(key, ast.Constant) and isinstance(key.value, str) and key.value not in keys:
-            keys.append(key.value)
+    _keys_read(trajectory_jsonl._server_timings, None, keys, set())
     return tuple(keys)
+
+
+def _keys_read(func: Any, param: Optional[str], keys: List[str], seen: Set[Any]) -> None:
+    if func in seen or not getattr(func, "__module__", "").startswith("otel_verl"):
+        return
+    seen.add(func)
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        return
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return
+    names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    param = param or (names[0] if names else None)
+    namespace = func.__globals__
+    loops = {n.target.id: n.iter for n in ast.walk(node) if isinstance(n, (ast.For, ast.comprehension))
+             and isinstance(n.target, ast.Name)}
+
+    def strings(expr: ast.AST, depth: int = 0) -> Tuple[str, ...]:
+        if isinstance(expr, ast.Constant):
+            return (expr.value,) if isinstance(expr.value, str) else ()
+        if isinstance(expr, (ast.Tuple, ast.List)):
+            return tuple(k for e in expr.elts for k in strings(e, depth))
+        if isinstance(expr, ast.Name) and expr.id in loops and depth < 5:
+            return strings(loops[expr.id], depth + 1)
+        value = _resolve(expr, namespace)
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        return ()
+
+    def is_meta(expr: ast.AST) -> bool:
+        return isinstance(expr, ast.Name) and expr.id == param
+
+    for sub in ast.walk(node):
+        found: Tuple[str, ...] = ()
+        if isinstance(sub, ast.Subscript) and is_meta(sub.value):
+            found = strings(sub.slice)
+        elif isinstance(sub, ast.Call):
+            if isinstance(sub.func, ast.Attribute) and sub.func.attr == "get" and is_meta(sub.func.value) and sub.args:
+                found = strings(sub.args[0])
+            else:  # meta handed to another function: what it reads counts
+                callee = _resolve(sub.func, namespace)
+                for index, arg in enumerate(sub.args):
+                    if is_meta(arg) and callable(callee):
+                        _keys_read(callee, _parameter_at(callee, index), keys, seen)
+                for keyword in sub.keywords:
+                    if is_meta(keyword.value) and callable(callee):
+                        _keys_read(callee, keyword.arg, keys, seen)
+        keys.extend(k for k in found if k not in keys)
+
+
+def _resolve(expr: ast.AST, namespace: Dict[str, Any]) -> Any:
+    """The object a ``name`` / ``name.attr...`` expression names in ``namespace`` (or None)."""
+    if isinstance(expr, ast.Name):
+        return namespace.get(expr.id)
+    if isinstance(expr, ast.Attribute):
+        owner = _resolve(expr.value, namespace)
+        return getattr(owner, expr.attr, None) if owner is not None else None
+    return None
+
+
+def _parameter_at(func: Any, index: int) -> Optional[str]:
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names[index] if index < len(names) else None
 
 
 def string_literals(tree: SourceTree, modules: Sequence[str] = SGLANG_META_MODULES) -> Tuple[Set[str], List[str]]:
@@ -467,11 +526,17 @@ class MetaKeys:
     written: Tuple[str, ...]  # keys read by the exporter that sglang's source writes
     absent: Tuple[str, ...]  # keys read by the exporter that it does not
     missing_modules: Tuple[str, ...] = ()
+    null_fields: Tuple[str, ...] = ()  # trajectory fields the written keys leave null
 
 
 def check_meta_keys(tree: SourceTree, keys: Optional[Sequence[str]] = None) -> MetaKeys:
+    """Which keys the trajectory timings read (``keys``: :func:`server_meta_keys`) this
+    sglang writes, and which timing fields stay null with only those."""
+    from otel_verl.exporters import trajectory_jsonl
+
     keys = tuple(server_meta_keys() if keys is None else keys)
     literals, absent_modules = string_literals(tree)
-    return MetaKeys(tree.label, tuple(k for k in keys if k in literals), tuple(k for k in keys if k not in literals),
-                    tuple(absent_modules))
-
+    written = tuple(k for k in keys if k in literals)
+    timings = trajectory_jsonl._server_timings({k: 1.0 for k in written})
+    return MetaKeys(tree.label, written, tuple(k for k in keys if k not in literals), tuple(absent_modules),
+                    tuple(field for field, value in timings.items() if value is None))
