@@ -251,9 +251,9 @@ def _source_detail(result, with_source: bool = True) -> str:
 
 def _engine_source_checks(paths: Tuple[str, ...], fetch: bool) -> list:
     """The hooks into sglang and vLLM, checked on their source: the wheels or directories
-    in ``paths``, else the wheel cache (filled by ``fetch``: verl's pinned versions and
-    the newest). Also: the ``meta_info`` keys the trajectory file's timings read are keys
-    sglang writes."""
+    in ``paths``, else the wheel cache (filled first when ``fetch``: verl's pinned versions
+    and the newest). For sglang also: which of the ``meta_info`` keys the trajectory
+    file's timings read it writes."""
     from otel_verl import engine_wheels, hookcheck
     from otel_verl.instrumentation import all_hooks
 
@@ -440,7 +440,8 @@ def _print_area(console, area: str, checks: list) -> None:
 @main.command()
 @click.option("--trace-dir", type=click.Path(file_okay=False), help="Check this trace dir (default: VERL_TRACE_DIR).")
 @click.option("--timeout", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds to wait for the OTLP endpoint.")
-@click.option("--no-hooks", is_flag=True, help="Skip importing verl and installing the hooks (a quick configuration check).")
+@click.option("--no-hooks", is_flag=True,
+              help="Skip importing verl and installing the hooks, and the cached engine wheels (a quick configuration check).")
 @click.option("--config", "configs", multiple=True, metavar="CONFIG",
               help="The verl launch to check (repeatable, a later one wins): a YAML verl config, a file of Hydra "
                    "overrides (or the launch script), or overrides given here (key=value). Warns when sglang "
@@ -468,6 +469,7 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
     checks += config_checks
     if not no_hooks:
         checks += _hook_checks()
+    if not no_hooks or engine_sources or fetch_engines:  # source only: no verl import
         checks += _engine_source_checks(engine_sources, fetch_engines)
 
     def draw(console) -> None:

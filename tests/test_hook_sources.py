@@ -524,6 +524,21 @@ def test_doctor_reports_engine_sources(tmp_path, monkeypatch):
     assert f"writes {', '.join(keys[1:])}; never writes {keys[0]}; so the trajectory file's sglang_time_ms" in bad_text
 
 
+def test_doctor_no_hooks_reads_only_the_sources_given(tmp_path, monkeypatch):
+    """``--no-hooks`` (the quick check) leaves out the wheel cache, not an explicit source."""
+    from click.testing import CliRunner
+
+    from otel_verl import cli
+
+    monkeypatch.setattr(cli, "_hook_checks", lambda: pytest.fail("--no-hooks imported verl"))
+    source = _write(tmp_path / "src", {"vllm/__init__.py": ""})
+    env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), engine_wheels.CACHE_ENV: str(tmp_path / "empty")}
+    quick = CliRunner(env=env).invoke(cli.main, ["doctor", "--no-hooks"], catch_exceptions=False)
+    assert quick.exit_code == 0 and "engine sources" not in quick.output
+    given = CliRunner(env=env).invoke(cli.main, ["doctor", "--no-hooks", "--engine-source", source], catch_exceptions=False)
+    assert given.exit_code == 0 and f"engine sources: source at {source}" in given.output.splitlines()
+
+
 def test_doctor_without_engine_sources_says_where_it_looked(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
