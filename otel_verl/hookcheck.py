@@ -9,8 +9,9 @@ directory (site-packages, an unpacked tree) or a wheel (members read on demand a
 unpacked in a cache). It follows what Python's lookup would: names imported from another
 module, methods inherited from base classes, definitions under ``if``/``try``.
 
-It also checks that the ``meta_info`` keys the trajectory file's server timings read are
-keys sglang writes (string literals in the modules that build ``meta_info``).
+It also checks which of the ``meta_info`` keys the trajectory file's server timings read
+a sglang writes (string literals in the modules that build ``meta_info``), and so which
+of those timings stay null with it.
 """
 
 from __future__ import annotations
@@ -55,10 +56,6 @@ class SourceTree:
     def read(self, module: str) -> Optional[Tuple[str, str]]:
         """``(path, text)`` of ``module``'s source, ``None`` when it has none here."""
         raise NotImplementedError
-
-    def is_package(self, module: str) -> bool:
-        found = self.read(module)
-        return found is not None and os.path.basename(found[0]) == "__init__.py"
 
 
 def _module_paths(module: str) -> Tuple[str, str]:
@@ -197,7 +194,7 @@ class _Resolver:
         self.trees = list(trees)
         self._parsed: Dict[str, Optional[Tuple[str, ast.Module, bool]]] = {}
 
-    def _tree_for(self, module: str) -> Optional[SourceTree]:
+    def tree_for(self, module: str) -> Optional[SourceTree]:
         top = module.split(".", 1)[0]
         for tree in self.trees:
             if top in tree.packages():
@@ -207,7 +204,7 @@ class _Resolver:
     def parsed(self, module: str) -> Optional[Tuple[str, ast.Module, bool]]:
         """``(path, tree, is_package)`` of ``module``, ``None`` when no tree has it."""
         if module not in self._parsed:
-            tree = self._tree_for(module)
+            tree = self.tree_for(module)
             found = tree.read(module) if tree else None
             result = None
             if found is not None:
@@ -367,7 +364,7 @@ def check_hook(module: str, target: str, params: Sequence[str], trees: Sequence[
     keyword or keyword-only)."""
     name = f"{module}:{target}"
     resolver = resolver or _Resolver(trees)
-    tree = resolver._tree_for(module)
+    tree = resolver.tree_for(module)
     if tree is None:
         return HookSource(name, "", UNAVAILABLE, f"{module.split('.', 1)[0]} not available")
     label = tree.label
