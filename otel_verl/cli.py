@@ -36,7 +36,7 @@ def run(trace_dir: str | None, sglang_timing: bool, command: Tuple[str, ...]) ->
     """
     env = launch_env(os.environ, trace_dir)
     try:
-        settings.load(env)
+        settings.load(env, strict=True)  # typed by the user here: say what is wrong before the run
     except settings.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     if not settings.load(env).enabled:
@@ -362,7 +362,7 @@ def _settings_checks(env: dict) -> tuple:
     """``(checks, settings or None)``: otel_verl's variables and the OTLP protocol."""
     checks = []
     try:
-        cfg = settings.load(env)
+        cfg = settings.load(env, strict=True)
     except settings.ConfigError as exc:
         var = str(exc).split("=", 1)[0]
         return [_Check("settings", "environment", FAIL, str(exc), f"set {var} to a valid value or unset it")], None

@@ -2,17 +2,28 @@
 
 Standard ``OTEL_*`` variables are read by the OpenTelemetry SDK itself (exporter
 endpoint, protocol, headers, timeout, sampler, batch sizes, span limits); this module
-reads the switches that are otel_verl's own. Bad values in these variables are the
-user's input: they raise :class:`ConfigError` with a message naming the variable.
+reads the switches that are otel_verl's own.
+
+Bad values are the user's input. The core switches (``OTEL_VERL_ENABLED``,
+``OTEL_SDK_DISABLED``) raise :class:`ConfigError` with a message naming the variable:
+tracing stays off rather than guess. The optional features (content capture, validation
+tracing, flow lines, output choices, sizes and timeouts) raise only where the user types
+them (``otel-verl run``/``doctor`` load with ``strict=True``); inside a traced process a
+bad value falls back to that feature's default with one warning per process, and
+tracing as a whole goes on.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from otel_verl.semconv import Role
+
+logger = logging.getLogger("otel_verl")
 
 TRACE_DIR = "VERL_TRACE_DIR"  # the legacy switch: files under this directory
 FORCE = "OTEL_VERL_ENABLED"  # 1: trace even with no trace dir and no endpoint; 0: never
@@ -48,6 +59,11 @@ class ConfigError(ValueError):
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
+# opentelemetry-util-genai's content capturing modes. otel_verl emits no GenAI log events,
+# so only the span modes put content anywhere: EVENT_ONLY captures nothing.
+_CONTENT_ON_SPANS = {"span_only", "span_and_event"}
+_CONTENT_NOWHERE = {"no_content", "event_only"}
+
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raw = env.get(name)
@@ -59,6 +75,20 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if value in _FALSE:
         return False
     raise ConfigError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _capture_content(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """Whether message content goes on spans: a 1/0-style flag or a util-genai mode."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE or value in _CONTENT_ON_SPANS:
+        return True
+    if value in _FALSE or value in _CONTENT_NOWHERE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected true/false or one of NO_CONTENT, SPAN_ONLY, "
+                      "EVENT_ONLY, SPAN_AND_EVENT")
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -126,9 +156,48 @@ class Settings:
         return not self.otlp_endpoint
 
 
-def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = None) -> Settings:
-    """Read the settings; ``trace_dir`` given in code wins over ``VERL_TRACE_DIR``."""
+_warned: set = set()  # (variable, value) pairs already warned about in this process
+_warned_lock = threading.Lock()
+
+
+class _Optional:
+    """Reads optional-feature variables: a bad value raises when ``strict``, else it gives
+    the default and one warning per process (per variable and value)."""
+
+    def __init__(self, env: Mapping[str, str], strict: bool) -> None:
+        self.env = env
+        self.strict = strict
+
+    def __call__(self, parse: Any, name: str, default: Any, *, shown: str = "") -> Any:
+        """``parse(env, name, default)``; on a bad value ``default``, named ``shown`` in
+        the warning when its repr would not say what it means."""
+        try:
+            return parse(self.env, name, default)
+        except ConfigError as exc:
+            if self.strict:
+                raise
+            _warn_once(name, self.env.get(name), f"otel_verl: {exc}; using the default ({shown or default!r}), "
+                       "tracing goes on")
+            return default
+
+
+def _warn_once(name: str, raw: Any, message: str) -> None:
+    with _warned_lock:
+        if (name, raw) in _warned:
+            return
+        _warned.add((name, raw))
+    logger.warning("%s", message)
+
+
+def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = None, *,
+         strict: bool = False) -> Settings:
+    """Read the settings; ``trace_dir`` given in code wins over ``VERL_TRACE_DIR``.
+
+    Bad core switches always raise :class:`ConfigError`; bad optional-feature values
+    raise only with ``strict`` (the CLI, where the user typed them), else they fall back
+    to their default with one warning."""
     env = os.environ if env is None else env
+    optional = _Optional(env, strict)
     exporter = env.get(TRACES_EXPORTER, "").strip().lower()
     endpoint = env.get(OTLP_TRACES_ENDPOINT) or env.get(OTLP_ENDPOINT) or None
     if exporter == "none":
@@ -138,17 +207,22 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         trace_dir=trace_dir or env.get(TRACE_DIR) or None,
         otlp_endpoint=endpoint,
         forced=None if forced_raw is None else _flag(env, FORCE, False),
-        flow_stdout=_flag(env, FLOW_STDOUT, False),
-        trace_validation=_flag(env, TRACE_VALIDATION, False),
-        capture_content=_flag(env, CAPTURE_CONTENT, False),
-        jsonl_max_bytes=_positive_int(env, JSONL_MAX_MB, 100) * 1024 * 1024,
-        max_open_samples=_positive_int(env, MAX_OPEN_SAMPLES, 1 << 16),
-        writer_max_pending=_positive_int(env, WRITER_MAX_PENDING, 1 << 20),
-        otlp_file=None if env.get(OTLP_FILE) is None else _flag(env, OTLP_FILE, True),
+        flow_stdout=optional(_flag, FLOW_STDOUT, False, shown="off"),
+        trace_validation=optional(_flag, TRACE_VALIDATION, False, shown="off"),
+        capture_content=optional(_capture_content, CAPTURE_CONTENT, False, shown="no content"),
+        jsonl_max_bytes=optional(_positive_int, JSONL_MAX_MB, 100) * 1024 * 1024,
+        max_open_samples=optional(_positive_int, MAX_OPEN_SAMPLES, 1 << 16),
+        writer_max_pending=optional(_positive_int, WRITER_MAX_PENDING, 1 << 20),
+        otlp_file=optional(_tristate, OTLP_FILE, None, shown="on when no endpoint is set"),
         sdk_disabled=_flag(env, SDK_DISABLED, False),
-        offload=None if env.get(OFFLOAD) is None else _flag(env, OFFLOAD, False),
-        shutdown_timeout_s=_positive_seconds(env, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
+        offload=optional(_tristate, OFFLOAD, None, shown="rollout workers only"),
+        shutdown_timeout_s=optional(_positive_seconds, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
     )
+
+
+def _tristate(env: Mapping[str, str], name: str, default: Optional[bool]) -> Optional[bool]:
+    """A 1/0-style flag whose absence (``default``, ``None``) leaves the choice to otel_verl."""
+    return default if env.get(name) is None else _flag(env, name, False)
 
 
 def is_secret(name: str) -> bool:

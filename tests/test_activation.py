@@ -45,9 +45,54 @@ def test_launch_env_puts_sitecustomize_first_and_fixes_run_id(tmp_path):
 
 def test_bad_switch_value_is_a_clear_user_error():
     with pytest.raises(settings.ConfigError, match="OTEL_VERL_FLOW_STDOUT='maybe'"):
-        settings.load({"OTEL_VERL_FLOW_STDOUT": "maybe"})
+        settings.load({"OTEL_VERL_FLOW_STDOUT": "maybe"}, strict=True)
     with pytest.raises(settings.ConfigError, match="OTEL_VERL_JSONL_MAX_MB"):
-        settings.load({"OTEL_VERL_JSONL_MAX_MB": "-3"})
+        settings.load({"OTEL_VERL_JSONL_MAX_MB": "-3"}, strict=True)
+    with pytest.raises(settings.ConfigError, match="OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT='loud'"):
+        settings.load({settings.CAPTURE_CONTENT: "loud"}, strict=True)
+
+
+def test_core_switch_bad_value_raises_even_in_process():
+    # Tracing on or off is not guessed: a bad value keeps it off with a clear error.
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_ENABLED='maybe'"):
+        settings.load({"OTEL_VERL_ENABLED": "maybe"})
+    with pytest.raises(settings.ConfigError, match="OTEL_SDK_DISABLED"):
+        settings.load({"OTEL_SDK_DISABLED": "perhaps"})
+
+
+@pytest.mark.parametrize("name, bad, field, default", [
+    ("OTEL_VERL_FLOW_STDOUT", "maybe", "flow_stdout", False),
+    ("OTEL_VERL_TRACE_VALIDATION", "2", "trace_validation", False),
+    ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "loud", "capture_content", False),
+    ("OTEL_VERL_JSONL_MAX_MB", "-3", "jsonl_max_bytes", 100 * 1024 * 1024),
+    ("OTEL_VERL_MAX_OPEN_SAMPLES", "many", "max_open_samples", 1 << 16),
+    ("OTEL_VERL_WRITER_MAX_PENDING", "0", "writer_max_pending", 1 << 20),
+    ("OTEL_VERL_OTLP_FILE", "yes please", "otlp_file", None),
+    ("OTEL_VERL_OFFLOAD", "sometimes", "offload", None),
+    ("OTEL_VERL_SHUTDOWN_TIMEOUT_S", "soon", "shutdown_timeout_s", settings.DEFAULT_SHUTDOWN_TIMEOUT_S),
+])
+def test_bad_optional_value_in_process_falls_back_with_one_warning(name, bad, field, default, caplog, monkeypatch):
+    monkeypatch.setattr(settings, "_warned", set())
+    env = {"OTEL_VERL_ENABLED": "1", name: bad}
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        first = settings.load(env)
+        again = settings.load(env)  # every process reads its settings more than once
+    assert getattr(first, field) == getattr(again, field) == default
+    assert first.enabled  # tracing as a whole stays on
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert f"{name}={bad!r}" in warnings[0] and "tracing goes on" in warnings[0]
+
+
+@pytest.mark.parametrize("value, on_spans", [
+    ("true", True), ("1", True), ("SPAN_ONLY", True), ("span_and_event", True), (" Span_Only ", True),
+    ("false", False), ("0", False), ("", False), ("NO_CONTENT", False),
+    ("EVENT_ONLY", False),  # otel_verl emits no GenAI events: nothing to put the content on
+])
+def test_content_capture_accepts_util_genai_modes(value, on_spans, caplog):
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        assert settings.load({settings.CAPTURE_CONTENT: value}, strict=True).capture_content is on_spans
+    assert not caplog.records
 
 
 def test_shutdown_timeout_is_positive_seconds():
@@ -55,7 +100,7 @@ def test_shutdown_timeout_is_positive_seconds():
     assert settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": "2.5"}).shutdown_timeout_s == 2.5
     for bad in ("0", "-1", "soon", "nan", "inf"):
         with pytest.raises(settings.ConfigError, match=f"OTEL_VERL_SHUTDOWN_TIMEOUT_S='{bad}'"):
-            settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": bad})
+            settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": bad}, strict=True)
 
 
 def test_rollout_workers_offload_their_outputs_by_default():
@@ -67,7 +112,7 @@ def test_rollout_workers_offload_their_outputs_by_default():
     assert all(settings.load({"OTEL_VERL_OFFLOAD": "1"}).offloads(role.value) for role in Role)
     assert not any(settings.load({"OTEL_VERL_OFFLOAD": "0"}).offloads(role.value) for role in Role)
     with pytest.raises(settings.ConfigError, match="OTEL_VERL_OFFLOAD='sometimes'"):
-        settings.load({"OTEL_VERL_OFFLOAD": "sometimes"})
+        settings.load({"OTEL_VERL_OFFLOAD": "sometimes"}, strict=True)
 
 
 def test_cli_run_rejects_bad_config_without_traceback():
