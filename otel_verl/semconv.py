@@ -116,6 +116,9 @@ MAX_TEXT_CHARS = 256
 # Opt-in message content (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT): each message
 # text and tool-argument string is cut to this many characters before JSON encoding.
 MAX_CONTENT_CHARS = 8192
+# One span's whole message list (a conversation repeats on every turn): its newest messages
+# that fit in this many characters of JSON are kept.
+MAX_MESSAGES_CHARS = 65536
 
 OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"

@@ -16,13 +16,15 @@ Trainer side::
 
 Rollout worker side::
 
-    with events.trajectory(uid, traj_uid, step=3, agent_name="tool_agent", parent=carrier):
+    with events.trajectory(uid, traj_uid, step=3, agent_name="tool_agent", provider="sglang", parent=carrier):
         with events.agent_run("ToolAgentLoop"):
+            events.chat_messages(messages)  # read only with content capture on
             with events.llm_call(prompt_ids, model="qwen") as turn:
                 ...
                 turn.finish(token_ids, stop_reason="stop", server_meta={...})
-            with events.tool_call("calculator"):
+            with events.tool_call("calculator", arguments='{"x": 1}') as tool:
                 ...
+                tool.result("2")
         with events.reward() as reward:
             reward.score(1.0)
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from otel_verl.events._core import _install, _Runtime, enabled, is_validating, validating, current_span_scope
+from otel_verl.events._core import _capturing_content as capturing_content
 from otel_verl.events import prompt_task as _prompt_task
 from otel_verl.events.prompt_task import (
     end_open_prompt_tasks,
@@ -67,9 +70,11 @@ from otel_verl.events.trainer import (
 )
 from otel_verl.events.worker import (
     RewardHandle,
+    ToolCall,
     Turn,
     agent_metrics,
     agent_run,
+    chat_messages,
     current_trajectory,
     current_turn,
     llm_call,

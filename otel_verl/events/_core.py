@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -75,15 +74,6 @@ def _capturing_content() -> bool:
 def _content(value: Any) -> str:
     s = value if isinstance(value, str) else str(value)
     return s if len(s) <= sc.MAX_CONTENT_CHARS else s[: sc.MAX_CONTENT_CHARS]
-
-
-def _messages_json(role: str, text: str, finish_reason: Optional[str] = None) -> str:
-    """One GenAI message (``gen_ai.input.messages`` / ``gen_ai.output.messages`` shape) as
-    a JSON string, its text bounded by ``MAX_CONTENT_CHARS``."""
-    message: Dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": _content(text)}]}
-    if finish_reason is not None:
-        message["finish_reason"] = _text(finish_reason)
-    return json.dumps([message], ensure_ascii=False)
 
 
 def _sample_root_context(uid: str) -> otel_context.Context:

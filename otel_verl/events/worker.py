@@ -19,11 +19,11 @@ from otel_verl.events._core import (
     _text,
     _capturing_content,
     _content,
-    _messages_json,
     _sample_root_context,
     _start,
     SpanScope,
 )
+from otel_verl.events.messages import chat_messages_json, text_message_json
 
 
 # --------------------------------------------------------------------------- rollout worker
@@ -44,6 +44,7 @@ def trajectory(
     *,
     step: int,
     agent_name: str,
+    provider: str = "verl",
     parent: Any = None,
     n_samples: Optional[int] = None,
     worker_index: Optional[int] = None,
@@ -54,6 +55,11 @@ def trajectory(
 ) -> ContextManager[Optional[TrajectoryData]]:
     """One (uid, traj_uid) agent run in a rollout worker: a GenAI ``invoke_agent`` span,
     current inside the ``with`` block.
+
+    ``agent_name`` is the agent loop's registered name (``tool_agent``), ``provider`` the
+    engine serving its LLM calls (``sglang``, ``vllm``; ``verl`` when unknown). The
+    trajectory is the GenAI conversation: ``gen_ai.conversation.id`` is
+    ``{uid}/{traj_uid}``, here and on its LLM spans.
 
     ``parent`` is the carrier the trainer sent with the row; without one the span is
     parented to the sample root's derived ids. The block gets the trajectory's data
@@ -73,10 +79,12 @@ def trajectory(
         data = TrajectoryData(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
                               decode=decode, encode=encode)
         sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
+        conversation_id = f"{uid_s}/{traj_s}"
         attrs = {
             sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+            sc.GEN_AI_PROVIDER_NAME: _text(provider),
             sc.GEN_AI_AGENT_NAME: agent_name,
-            sc.GEN_AI_CONVERSATION_ID: f"{uid_s}/{traj_s}",
+            sc.GEN_AI_CONVERSATION_ID: conversation_id,
             **sample_attributes,
         }
         if worker_index is not None:
@@ -86,7 +94,7 @@ def trajectory(
         span = _start(sc.agent_span_name(agent_name), Subject.TRAJECTORY, parent_ctx, attrs, data=data)
         if span is None:  # (counted)
             return _UNTRACED
-        return _TrajectoryScope(span, data, worker_index, sample_attributes)
+        return _TrajectoryScope(span, data, worker_index, sample_attributes, conversation_id)
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
         return _UNTRACED
@@ -108,12 +116,19 @@ class _TrajectoryScope(SpanScope):
     key = _TRAJ_KEY
 
     def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
-                 sample_attributes: Dict[str, Any]) -> None:
+                 sample_attributes: Dict[str, Any], conversation_id: str = "") -> None:
         super().__init__(span)
         self.data = data
         self.agent_loop_class: Optional[str] = None
         self.worker_index = worker_index
         self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
+        self.conversation_id = conversation_id
+        # Content capture only (see chat_messages): the messages the next LLM call sends,
+        # the conversation's first messages and the agent loop's own list of them.
+        self.next_messages: Any = None
+        self.first_messages: Any = None
+        self.live_messages: Any = None
+        self.last_output: Optional[str] = None  # the last turn's gen_ai.output.messages
 
     def value(self) -> TrajectoryData:
         return self.data
@@ -124,6 +139,20 @@ class _TrajectoryScope(SpanScope):
         if data.reward_score is not None:
             self.span.set_attribute(sc.REWARD_SCORE, data.reward_score)
         self.span.set_attribute(sc.NUM_TURNS, len(data.turns))
+        if self.first_messages is not None and _capturing_content():
+            self._capture_content()
+
+    def _capture_content(self) -> None:
+        """The agent's input (the conversation's first messages) and output (what the
+        agent loop added to its list: assistant turns with their tool calls, tool
+        results; else the last turn's completion)."""
+        first, count = self.first_messages
+        self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, chat_messages_json(first[:count]))
+        live = self.live_messages
+        if live is not None and len(live) > count:
+            self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, chat_messages_json(live[count:]))
+        elif self.last_output is not None:
+            self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, self.last_output)
 
 
 def agent_run(agent_loop_class: str) -> ContextManager[None]:
@@ -245,27 +274,51 @@ class Turn(SpanScope):
 
 
 class _CapturingTurn(Turn):
-    """A :class:`Turn` while content capture is on: it keeps the tokenizer's decode and
+    """A :class:`Turn` while content capture is on. Input: the chat messages the agent
+    loop sends (:func:`chat_messages`), else the decoded prompt as one ``user`` message;
+    output: the decoded completion as one ``assistant`` message (the agent loop parses
+    its tool calls only after the call; they show as ``tool_call`` parts in the next
+    turn's input and in the trajectory's output). It keeps the tokenizer's decode and
     the whole prompt (the turn's data keeps only the part the outputs read)."""
 
-    def __init__(self, span: Any, data: TurnData, traj_data: TrajectoryData, decode: Any, prompt: Any) -> None:
-        super().__init__(span, data, traj_data)
-        self._decode = decode
+    def __init__(self, span: Any, data: TurnData, traj: "_TrajectoryScope", prompt: Any, messages: Any) -> None:
+        super().__init__(span, data, traj.data)
+        self._traj = traj
         self._prompt = prompt
+        self._messages = messages  # (list, count) or None
+
+    def _ending(self, error: Optional[BaseException]) -> None:
+        super()._ending(error)
+        try:  # also for a call that raised: what was sent is what one looks at then
+            messages = self._input_json()
+            if messages is not None:
+                self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, messages)
+        except Exception as exc:
+            health.record_failure("events.capture_content", exc)
+
+    def _input_json(self) -> Optional[str]:
+        if self._messages is not None:
+            messages, count = self._messages
+            return chat_messages_json(messages[:count])
+        decode = self._traj.data.decode
+        if decode is None:  # a worker without a tokenizer: no text to show
+            return None
+        count = self.data.prompt_token_count
+        prompt_ids = self._prompt[:count] if count is not None else self._prompt
+        return text_message_json("user", decode(prompt_ids, skip_special_tokens=False))
 
     def _capture_content(self, data: TurnData) -> None:
-        """Opt-in content: the decoded prompt and completion as GenAI messages."""
+        decode = self._traj.data.decode
+        if decode is None:
+            return
         try:
-            count = data.prompt_token_count
-            prompt_ids = self._prompt[:count] if count is not None else self._prompt
-            prompt = self._decode(prompt_ids, skip_special_tokens=False)
-            completion = self._decode(token_list(data.completion_ids), skip_special_tokens=False)
+            completion = decode(token_list(data.completion_ids), skip_special_tokens=False)
         except Exception as exc:
             health.record_failure("events.capture_content", exc)
             return
-        self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, _messages_json("user", prompt))
-        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES,
-                                _messages_json("assistant", completion, data.finish_reason or None))
+        output = text_message_json("assistant", completion, data.finish_reason or None)
+        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, output)
+        self._traj.last_output = output
 
 
 _UNTRACED_TURN = contextlib.nullcontext(Turn(None, None))
@@ -293,6 +346,7 @@ def llm_call(
         attrs: Dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
             sc.GEN_AI_PROVIDER_NAME: _text(provider),
+            sc.GEN_AI_CONVERSATION_ID: traj.conversation_id,
             sc.GEN_AI_USAGE_INPUT_TOKENS: data.prompt_token_count,
             **traj.sample_attributes,
             sc.AGENT_LOOP_CLASS: traj.agent_loop_class or "AgentLoop",
@@ -315,8 +369,30 @@ def llm_call(
         return _UNTRACED_TURN
     turns.append(data)
     if _capturing_content():
-        return _CapturingTurn(span, data, traj.data, traj.data.decode, prompt_ids)
+        messages, traj.next_messages = traj.next_messages, None  # for this call only
+        return _CapturingTurn(span, data, traj, prompt_ids, messages)
     return Turn(span, data, traj.data)
+
+
+@health.guarded(default=None)
+def chat_messages(messages: Any) -> None:
+    """The chat messages (OpenAI-style dicts: ``role``, ``content``, ``tool_calls``,
+    ``tool_call_id``) the current trajectory's next LLM call sends, for its
+    ``gen_ai.input.messages``. Only read while content capture is on; the list may be the
+    agent loop's own (its length now is what the call sends). The first list a
+    trajectory gets is its conversation's start (the trajectory span's input); a later
+    list that grows from it gives the trajectory span's output."""
+    if messages is None or not _capturing_content():
+        return
+    traj = _active_traj()
+    if traj is None:
+        return
+    entry = (messages, len(messages))
+    traj.next_messages = entry
+    if traj.first_messages is None:
+        traj.first_messages = entry
+    else:
+        traj.live_messages = messages
 
 
 def _forget_turn(traj_data: TrajectoryData, turn_data: TurnData) -> None:
@@ -339,16 +415,34 @@ def observation(texts: Sequence[str]) -> None:
     last.observation_end_ts = time.time()
 
 
+class ToolCall(SpanScope):
+    """What :func:`tool_call` yields (the ``with`` block of the tool's span): the caller
+    reports the tool's result through it."""
+
+    def value(self) -> "ToolCall":
+        return self
+
+    @health.guarded(default=None)
+    def result(self, value: Any) -> None:
+        """The tool's result (its text): on the span only while content capture is on."""
+        if self.span is not None and value is not None and _capturing_content():
+            self.span.set_attribute(sc.GEN_AI_TOOL_CALL_RESULT, _content(value))
+
+
+_UNTRACED_TOOL = contextlib.nullcontext(ToolCall(None))
+
+
 def tool_call(
     name: str, *, call_id: Optional[str] = None, tool_type: str = "function", arguments: Any = None
-) -> ContextManager[None]:
+) -> ContextManager[ToolCall]:
     """One tool execution of the current trajectory (GenAI ``execute_tool``).
 
-    ``arguments`` (the model's argument text) goes on the span only when content capture
-    is switched on (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
+    ``arguments`` (the model's argument text) and the result given to
+    :meth:`ToolCall.result` go on the span only when content capture is switched on
+    (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
     traj = _active_traj()
     if traj is None:
-        return _UNTRACED
+        return _UNTRACED_TOOL
     try:
         name = _text(name)
         attrs = {
@@ -363,8 +457,8 @@ def tool_call(
             attrs[sc.GEN_AI_TOOL_CALL_ARGUMENTS] = _content(arguments)
     except Exception as exc:
         health.record_failure("events.tool_call", exc)
-        return _UNTRACED
-    return SpanScope(_start(sc.tool_span_name(name), Subject.TOOL, None, attrs))
+        return _UNTRACED_TOOL
+    return ToolCall(_start(sc.tool_span_name(name), Subject.TOOL, None, attrs))
 
 
 class RewardHandle(SpanScope):

@@ -48,6 +48,7 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
         traj_uid=traj_uid,
         step=int(trajectory.get("step", kwargs.get("global_steps", -1)) or -1),
         agent_name=str(kwargs.get("agent_name") or "agent"),
+        provider=_provider(rollout_config),
         parent=prompt_task if prompt_task is not None else carrier,
         n_samples=getattr(rollout_config, "n", None),
         worker_index=row.get("worker"),
@@ -56,6 +57,12 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
         decode=text_decoder(tokenizer),
         encode=text_encoder(tokenizer),
     )
+
+
+def _provider(rollout_config: Any) -> str:
+    """``gen_ai.provider.name``: the rollout engine (``rollout.name``: sglang, vllm)."""
+    name = getattr(rollout_config, "name", None)
+    return str(name) if name else "verl"
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
@@ -88,7 +95,19 @@ def _postprocess(wrapped, instance, args, kwargs):
 async def _agent_run(wrapped, instance, args, kwargs):
     agent_loop = args[0] if instance is None and args else instance  # self comes first when called through the class
     with events.agent_run(type(agent_loop).__name__):
+        # Every agent loop starts from the row's chat messages (its first LLM call's input).
+        events.chat_messages(kwargs.get("raw_prompt"))
         return await wrapped(*args, **kwargs)
+
+
+async def _handle_generating_state(wrapped, instance, args, kwargs):
+    # ToolAgentLoop's conversation, as its next LLM call sends it (content capture only).
+    if events.capturing_content():
+        try:
+            events.chat_messages(arguments(wrapped, instance, args, kwargs)[1]["agent_data"].messages)
+        except Exception as exc:
+            health.record_failure("agent_loop._handle_generating_state", exc)
+    return await wrapped(*args, **kwargs)
 
 
 def _worker_init(wrapped, instance, args, kwargs):
@@ -166,8 +185,16 @@ async def _call_tool(wrapped, instance, args, kwargs):
     except Exception as exc:
         health.record_failure("agent_loop._call_tool", exc)
         return await wrapped(*args, **kwargs)
-    with events.tool_call(name, call_id=call_id, arguments=tool_arguments):
-        return await wrapped(*args, **kwargs)
+    with events.tool_call(name, call_id=call_id, arguments=tool_arguments) as call:
+        result = await wrapped(*args, **kwargs)
+        call.result(_tool_result_text(result))  # on the span only with content capture on
+        return result
+
+
+def _tool_result_text(result: Any) -> Any:
+    """The text of ``_call_tool``'s ``(ToolResponse, reward, metrics)``."""
+    response = result[0] if isinstance(result, tuple) and result else result
+    return getattr(response, "text", None)
 
 
 async def _handle_processing_tools_state(wrapped, instance, args, kwargs):
@@ -205,5 +232,6 @@ HOOKS = [
     Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
+    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_generating_state", _handle_generating_state, ("agent_data",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),
 ]
