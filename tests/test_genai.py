@@ -294,3 +294,55 @@ def test_provider_comes_from_the_rollout_engine():
 
     assert agent_loop._provider(Config()) == "sglang"
     assert agent_loop._provider(None) == "verl"
+
+
+# --------------------------------------------------------------------------- real verl
+
+
+@pytest.fixture(scope="module")
+def tool_demo(tmp_path_factory):
+    """The traced CPU demo's tool agent (real ToolAgentLoop, stand-in engine) with
+    content capture on: 1 step, 2 prompts, n=2."""
+    from demo_process import run_in_child
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+
+    trace_dir = tmp_path_factory.mktemp("genai-demo")
+    summary = run_in_child("demo", {"trace_dir": str(trace_dir), "steps": 1, "prompts": 2, "n": 2, "agent": "tool",
+                                    "validate": False},
+                           str(trace_dir) + "-run", env={settings.CAPTURE_CONTENT: "SPAN_ONLY"})
+    return spans_from_files(summary["outputs"]["otlp_json"])
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_real_tool_agent_loop_conversation_on_spans(tool_demo):
+    spans = tool_demo
+    agents = [s for s in spans if s["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT]
+    assert len(agents) == 4
+    for agent in agents:
+        attrs = agent["attributes"]
+        assert attrs[sc.GEN_AI_AGENT_NAME] == "tool_agent" and attrs[sc.GEN_AI_PROVIDER_NAME] == "sglang"
+        conversation = attrs[sc.GEN_AI_CONVERSATION_ID]
+        assert conversation == f"{attrs[sc.UID]}/{attrs[sc.TRAJ_UID]}"
+        assert [m["role"] for m in json.loads(attrs[sc.GEN_AI_INPUT_MESSAGES])] == ["system", "user"]
+        added = json.loads(attrs[sc.GEN_AI_OUTPUT_MESSAGES])
+        assert [m["role"] for m in added] == ["assistant", "tool", "assistant"]
+        [call] = [p for p in added[0]["parts"] if p["type"] == "tool_call"]
+        assert call["name"] == "calculator" and isinstance(call["arguments"], dict)
+        assert added[1]["parts"][0]["type"] == "tool_call_response"
+
+        chats = sorted((s for s in spans if s["parentSpanId"] == agent["spanId"]
+                        and s["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_CHAT),
+                       key=lambda s: int(s["startTimeUnixNano"]))
+        assert len(chats) == 2
+        for chat in chats:
+            assert chat["attributes"][sc.GEN_AI_CONVERSATION_ID] == conversation
+            assert json.loads(chat["attributes"][sc.GEN_AI_OUTPUT_MESSAGES])[0]["role"] == "assistant"
+        first_in, second_in = (json.loads(c["attributes"][sc.GEN_AI_INPUT_MESSAGES]) for c in chats)
+        assert second_in[:2] == first_in and second_in[2:] == added[:2]  # the tool call and its result
+
+        [tool] = [s for s in spans if s["parentSpanId"] == agent["spanId"]
+                  and s["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL]
+        assert tool["attributes"][sc.GEN_AI_TOOL_CALL_RESULT] == added[1]["parts"][0]["response"]
+        assert json.loads(tool["attributes"][sc.GEN_AI_TOOL_CALL_ARGUMENTS]) == call["arguments"]
