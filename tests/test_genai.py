@@ -145,6 +145,16 @@ def test_a_call_without_messages_gets_its_decoded_prompt(make_pipeline):
         {"role": "user", "parts": [{"type": "text", "content": "1|2|3"}]}]
 
 
+def test_a_plain_text_prompt_is_one_user_message(make_pipeline):
+    pipeline = make_pipeline([], env=CAPTURE)
+    with events.trajectory("u", "0", step=1, agent_name="custom", decode=decode):
+        events.chat_messages("Hello there")
+        with events.llm_call([1]) as turn:
+            turn.finish([9], stop_reason="stop")
+    assert json.loads(_one(pipeline, sc.OP_CHAT).attributes[sc.GEN_AI_INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "Hello there"}]}]
+
+
 def test_a_call_that_raises_still_shows_what_was_sent(make_pipeline):
     pipeline = make_pipeline([], env=CAPTURE)
     with events.trajectory("u", "0", step=1, agent_name="a", decode=decode):

@@ -387,6 +387,8 @@ def chat_messages(messages: Any) -> None:
     traj = _active_traj()
     if traj is None:
         return
+    if isinstance(messages, (str, dict)):  # a custom loop's plain prompt or single message
+        messages = [messages if isinstance(messages, dict) else {"role": "user", "content": messages}]
     entry = (messages, len(messages))
     traj.next_messages = entry
     if traj.first_messages is None:
