@@ -176,7 +176,7 @@ class _Optional:
         except ConfigError as exc:
             if self.strict:
                 raise
-            _warn_once(name, self.env.get(name), f"otel_verl: {exc}; using the default ({shown or default!r}), "
+            _warn_once(name, self.env.get(name), f"otel_verl: {exc}; using the default ({shown or repr(default)}), "
                        "tracing goes on")
             return default
 

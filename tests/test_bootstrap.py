@@ -219,3 +219,28 @@ def test_a_provider_installed_first_by_another_library_is_left_alone(tmp_path):
     assert out.strip() == "ok"
     assert [r["sample_id"] for r in _csv_rows(tmp_path)] == ["u-2/sample"]
     assert [s["name"] for s in spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))] == ["verl.sample"]
+
+
+def test_bad_optional_values_leave_tracing_on_with_one_warning_each(tmp_path):
+    """A process whose optional settings are nonsense still traces, with their defaults:
+    no message content, and one warning per bad variable however often it is read."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import otel_verl
+        from otel_verl import events, settings
+        assert otel_verl.configure() is True
+        settings.load()  # read again, as activation and the instrumentation do
+        with events.trajectory("u-1", "0", step=1, agent_name="a", decode=lambda ids, **kw: "TEXT"):
+            events.chat_messages([{"role": "user", "content": "TEXT"}])
+            with events.llm_call([1, 2]) as turn:
+                turn.finish([3], stop_reason="stop")
+        otel_verl.shutdown()
+    """)], env={**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))},
+                "VERL_TRACE_DIR": str(tmp_path), "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "verbose",
+                "OTEL_VERL_JSONL_MAX_MB": "lots"},
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT='verbose'") == 1, proc.stderr
+    assert proc.stderr.count("OTEL_VERL_JSONL_MAX_MB='lots'") == 1, proc.stderr
+    spans = spans_from_files(glob.glob(str(tmp_path / "otlp" / "*.jsonl")))
+    assert sorted(s["name"] for s in spans) == ["chat", "invoke_agent a"]
+    assert not any("gen_ai.input.messages" in s["attributes"] for s in spans)
