@@ -298,12 +298,26 @@ def test_wrappers_hand_the_loops_messages_and_tool_results_over(make_pipeline):
     assert [m["role"] for m in json.loads(agent.attributes[sc.GEN_AI_OUTPUT_MESSAGES])] == ["assistant", "tool"]
 
 
-def test_provider_comes_from_the_rollout_engine():
+def test_provider_comes_from_the_rollout_engine_read_once_per_config():
     class Config:
-        name = "sglang"
+        def __init__(self, name):
+            self.name = name
+            self.reads = 0
 
-    assert agent_loop._provider(Config()) == "sglang"
-    assert agent_loop._provider(None) == "verl"
+        def __getattribute__(self, key):
+            if key == "name":
+                object.__setattr__(self, "reads", object.__getattribute__(self, "reads") + 1)
+            return object.__getattribute__(self, key)
+
+    class Worker:
+        pass
+
+    worker, sglang = Worker(), Config("sglang")
+    assert [agent_loop._provider(worker, sglang) for _ in range(3)] == ["sglang"] * 3
+    assert sglang.reads == 1
+    assert agent_loop._provider(worker, Config("vllm")) == "vllm"  # a new config is read
+    assert agent_loop._provider(Worker(), None) == "verl"
+    assert agent_loop._provider(object(), Config("")) == "verl"  # no attributes on it: still answers
 
 
 # --------------------------------------------------------------------------- real verl

@@ -48,7 +48,7 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
         traj_uid=traj_uid,
         step=int(trajectory.get("step", kwargs.get("global_steps", -1)) or -1),
         agent_name=str(kwargs.get("agent_name") or "agent"),
-        provider=_provider(rollout_config),
+        provider=_provider(worker, rollout_config),
         parent=prompt_task if prompt_task is not None else carrier,
         n_samples=getattr(rollout_config, "n", None),
         worker_index=row.get("worker"),
@@ -59,10 +59,22 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
     )
 
 
-def _provider(rollout_config: Any) -> str:
-    """``gen_ai.provider.name``: the rollout engine (``rollout.name``: sglang, vllm)."""
+PROVIDER_ATTR = "_otel_verl_provider"  # (rollout config, provider) on the worker
+
+
+def _provider(worker: Any, rollout_config: Any) -> str:
+    """``gen_ai.provider.name``: the rollout engine (``rollout.name``: sglang, vllm), else
+    ``verl``. Read once per worker and config: an OmegaConf lookup costs tens of µs."""
+    cached = getattr(worker, PROVIDER_ATTR, None)
+    if cached is not None and cached[0] is rollout_config:
+        return cached[1]
     name = getattr(rollout_config, "name", None)
-    return str(name) if name else "verl"
+    provider = str(name) if name else "verl"
+    try:
+        setattr(worker, PROVIDER_ATTR, (rollout_config, provider))
+    except Exception:  # a worker that takes no attributes: read it every time
+        pass
+    return provider
 
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
