@@ -597,7 +597,18 @@ def test_metrics_that_json_cannot_encode_are_stringified_not_lost(clock, traj_di
     run_single_turn(clock, CharTokenizer(), metrics={"weird": Odd()}, score=None)
     proc.force_flush()
     [t] = read_trajectories(trace_dir)
-    assert t["raw_message"]["agent_metrics"] == {"weird": "odd"}
+    assert t["raw_message"]["agent_metrics"] == {"weird": "odd", "reward_score": 0.0}
+
+
+def test_agent_metrics_always_carry_reward_score(clock, traj_dir):
+    """0.0 for a trajectory nobody scored (the seed's metrics default), the trajectory's
+    score otherwise, even over a reward_score the agent loop's own metrics report."""
+    proc, trace_dir, _ = traj_dir
+    run_single_turn(clock, CharTokenizer(), traj_uid="0", metrics={}, score=None)
+    run_single_turn(clock, CharTokenizer(), traj_uid="1", metrics={"reward_score": 0.0, "tool_calls": 0.0}, score=0.75)
+    proc.force_flush()
+    by_index = {t["sample_index"]: t["raw_message"]["agent_metrics"] for t in read_trajectories(trace_dir)}
+    assert by_index == {0: {"reward_score": 0.0}, 1: {"reward_score": 0.75, "tool_calls": 0.0}}
 
 
 def test_nan_and_infinity_are_written_as_null_and_counted(clock, traj_dir):
@@ -702,7 +713,8 @@ CONTRACT_EXAMPLE = {
             "template_overhead_tokens": None, "template_overhead_text": None,
         }],
         "initial_prompt_text": "<|im_start|>system\nYou are Qwen...",
-        "agent_metrics": {"generate_sequences": 1.201, "tool_calls": 0.0, "compute_score": 0.0547, "num_preempted": -1},
+        "agent_metrics": {"generate_sequences": 1.201, "tool_calls": 0.0, "compute_score": 0.0547, "num_preempted": -1,
+                          "reward_score": 0.0},
     },
 }
 

@@ -202,7 +202,6 @@ def trajectory_score(score: Any) -> None:
     traj = _active_traj()
     if traj is not None and score is not None:
         traj.data.reward_score = float(score)
-        traj.data.agent_metrics["reward_score"] = float(score)
 
 
 class Turn(SpanScope):
@@ -481,7 +480,6 @@ class RewardHandle(SpanScope):
             return
         score = float(value)
         self.traj.data.reward_score = score
-        self.traj.data.agent_metrics["reward_score"] = score
         if self.span is not None:
             self.span.set_attribute(sc.REWARD_SCORE, score)
             self.scored = score

@@ -150,11 +150,22 @@ def trajectory_line(data: TrajectoryData) -> str:
         "total_time_ms": (data.completed_at - data.created_at) * 1000,
         "turns": _turn_dicts(turns, decode, encode),
         "initial_prompt_text": initial_prompt_text,
-        "agent_metrics": dict(data.agent_metrics) if data.agent_metrics is not None else None,
+        "agent_metrics": _agent_metrics(data),
     }
     outer = {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid),
              "raw_message": _json(rest)}
     return json.dumps(outer, ensure_ascii=False)
+
+
+def _agent_metrics(data: TrajectoryData) -> Dict[str, Any]:
+    """The agent loop's metrics plus the trajectory's ``reward_score``, always present
+    (``0.0`` when the trajectory was not scored, as the seed's metrics model defaulted)."""
+    metrics = dict(data.agent_metrics or {})
+    if data.reward_score is not None:
+        metrics["reward_score"] = data.reward_score
+    else:
+        metrics.setdefault("reward_score", 0.0)
+    return metrics
 
 
 def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> List[Dict[str, Any]]:
