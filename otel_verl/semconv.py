@@ -77,6 +77,7 @@ REWARD_SCORE = "verl.reward.score"
 EPOCH = "verl.epoch"
 CONSUMED_BATCHES = "verl.consumed_batches"
 RESPONSE_TOKENS = "verl.generation.response_tokens"
+FETCH_EXHAUSTED = "verl.fetch.exhausted"  # a fetch_batch stage found the epoch's data used up
 TOTAL_TRAINING_STEPS = "verl.total_training_steps"
 TRAIN_BATCH_SIZE = "verl.train_batch_size"
 ROLLOUT_N = "verl.rollout_n"

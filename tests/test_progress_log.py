@@ -173,7 +173,8 @@ def test_disaggregated_separation_trainer_step(progress, span_clock):
     _, out = progress()
     trainer = "SeparateRayPPOTrainer"
     with events.step_stage(Stage.FETCH_BATCH, step=3, trainer=trainer, layout=DISAGG):  # before the banner
-        pass
+        # while the trainer waits for its batch, only the "try to load" line is out
+        assert out.getvalue().splitlines() == ["Trainer: try to load global batch@3, chunk[0/0] from replay_queue"]
     with events.step(3, trainer=trainer, layout=DISAGG):
         with events.step_stage(Stage.GENERATION, layout=DISAGG) as generation:
             span_clock.advance(2.0)
@@ -198,6 +199,20 @@ def test_disaggregated_separation_trainer_step(progress, span_clock):
         "Step 3 train finished",
         "disagg: start sync params",
         "disagg: end sync params",
+    ]
+
+
+def test_a_fetch_that_finds_the_epoch_used_up_writes_only_its_try_line(progress):
+    _, out = progress()
+    fetch = events.stage_begin(Stage.FETCH_BATCH, step=4, trainer="SeparateRayPPOTrainer", layout=DISAGG)
+    fetch.exhausted()
+    fetch.end()
+    with events.step_stage(Stage.FETCH_BATCH, step=4, trainer="SeparateRayPPOTrainer", layout=DISAGG):
+        pass  # the next epoch's first fetch
+    assert out.getvalue().splitlines() == [
+        "Trainer: try to load global batch@4, chunk[0/0] from replay_queue",
+        "Trainer: try to load global batch@4, chunk[0/0] from replay_queue",
+        "Trainer: successfully load global batch@4, chunk[0/0] from replay_queue",
     ]
 
 

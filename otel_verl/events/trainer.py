@@ -171,6 +171,12 @@ class StageHandle:
             self.span.set_attribute(sc.RESPONSE_TOKENS, int(n_tokens))
 
     @health.guarded(default=None)
+    def exhausted(self) -> None:
+        """A fetch stage found no batch left: the data source ended (the epoch's end)."""
+        if self.span is not None:
+            self.span.set_attribute(sc.FETCH_EXHAUSTED, True)
+
+    @health.guarded(default=None)
     def end(self, error: Optional[BaseException] = None) -> None:
         span, self.span = self.span, None
         if span is None:

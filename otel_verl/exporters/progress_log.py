@@ -75,6 +75,7 @@ class StepStage:
     step: int  # -1: unknown
     disaggregated: bool
     trainer: str
+    exhausted: bool = False  # fetch_batch: no batch was left (the end of an epoch)
 
     @property
     def prefix(self) -> str:
@@ -108,6 +109,8 @@ def stage_end_lines(s: StepStage, response_tokens: Any, seconds: float) -> List[
     if s.stage == Stage.UPDATE_ACTOR.value:
         return [f"{s.prefix}end update actor", f"Step {s.step} train finished"]
     if s.stage == Stage.FETCH_BATCH.value:
+        if s.exhausted:  # the seed wrote only the "try to load" line when an epoch ran out
+            return []
         return [f"Trainer: successfully load global batch@{s.step}, chunk[0/0] from replay_queue"]
     label = STAGE_LABELS.get(s.stage)
     return [f"{s.prefix}end {label}"] if label else []
@@ -201,6 +204,7 @@ class ProgressLogProcessor(SpanProcessor):
             step=step if step is not None else -1,
             disaggregated=attrs.get(sc.LAYOUT) == Layout.DISAGGREGATED.value,
             trainer=str(trainer or ""),
+            exhausted=bool(attrs.get(sc.FETCH_EXHAUSTED, False)),
         )
 
     def _emit(self, lines: List[str]) -> None:

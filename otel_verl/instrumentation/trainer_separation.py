@@ -5,14 +5,22 @@ rolled out on separate resources (the disaggregated layout: ``disagg: `` progres
 lines, ``Step N`` banners). Everything it inherits (``_get_gen_batch``,
 ``_compute_old_log_prob``, ``_update_actor``, ``_validate``, ...) and
 ``AgentLoopManager.generate_sequences`` are traced by :mod:`trainer_v0`; this module adds
-what it defines itself: its own ``fit`` and ``fit_step`` (the replay-queue fetch lines),
-and the module globals it imported by name (``marked_timer``, ``extract_reward``,
-``compute_advantage``, ``compute_data_metrics``).
+what it defines itself: its own ``fit`` and the module globals it imported by name
+(``marked_timer``, ``extract_reward``, ``compute_advantage``, ``compute_data_metrics``).
+
+``fit`` takes each step's batch with ``for batch_dict in self.train_dataloader`` (the
+replay queue of the disaggregated layout). That loop is the only place the wait for a
+batch is visible, so during ``fit`` the trainer's ``train_dataloader`` is a thin view
+whose iteration makes each ``next()`` a ``fetch_batch`` stage: "try to load" when the
+fetch starts, "successfully load" when it returned a batch; a fetch that finds the epoch
+used up ends with no batch (only its "try to load" line, as the seed wrote).
 """
 
 from __future__ import annotations
 
-from otel_verl import events
+from typing import Any, Iterator
+
+from otel_verl import events, health
 from otel_verl.instrumentation import _trainer, trainer_v0
 from otel_verl.instrumentation.hooks import Hook
 from otel_verl.semconv import Layout, Stage
@@ -21,21 +29,69 @@ SEPARATION = "verl.experimental.separation.ray_trainer"
 COMPONENT = "trainer_separation"
 
 
-def _fit_step(wrapped, instance, args, kwargs):
-    # fit's loop has just taken the step's batch from the dataloader (the replay queue of
-    # the disaggregated layout): the fetch lines, before the step's banner.
-    if _trainer.current.active:
-        fetch = events.stage_begin(Stage.FETCH_BATCH, step=_trainer.current.global_step(), trainer=_trainer.current.name,
-                                   layout=_trainer.current.layout)
-        fetch.end()
-    return wrapped(*args, **kwargs)
+class _FetchTracedLoader:
+    """The trainer's train dataloader while ``fit`` runs: the same loader (length, state,
+    every attribute), but iterating it reports each fetch as a ``fetch_batch`` stage."""
+
+    def __init__(self, loader: Any, trainer: Any) -> None:
+        self._otel_loader = loader
+        self._otel_trainer = trainer
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self._otel_loader)
+        while True:
+            fetch = self._begin_fetch()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                fetch.exhausted()
+                fetch.end()
+                return
+            except BaseException as exc:
+                fetch.end(exc)
+                raise
+            fetch.end()
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._otel_loader)
+
+    def __getattr__(self, name: str) -> Any:  # only for names this view does not define
+        if name.startswith("_otel_"):  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self._otel_loader, name)
+
+    def _begin_fetch(self) -> events.StageHandle:
+        current = _trainer.current
+        if current.instance is not self._otel_trainer or events.is_validating():
+            return events.StageHandle(None)  # not traced: a handle that does nothing
+        return events.stage_begin(Stage.FETCH_BATCH, step=current.global_step(), trainer=current.name,
+                                  layout=current.layout)
+
+
+_traced_fit = _trainer.fit_wrapper(trainer_v0.TRAINER, trainer_v0._worker_actors,
+                                   layout_of=lambda _: Layout.DISAGGREGATED.value)
+
+
+def _fit(wrapped, instance, args, kwargs):
+    loader = getattr(instance, "train_dataloader", None)
+    view = None
+    if loader is not None and not isinstance(loader, _FetchTracedLoader):
+        try:
+            view = _FetchTracedLoader(loader, instance)
+            instance.train_dataloader = view
+        except Exception as exc:
+            health.record_failure(f"{COMPONENT}.fit", exc)
+            view = None
+    try:
+        return _traced_fit(wrapped, instance, args, kwargs)
+    finally:
+        if view is not None and getattr(instance, "train_dataloader", None) is view:
+            instance.train_dataloader = loader  # fit is over: verl's own loader again
 
 
 HOOKS = [
-    Hook(SEPARATION, "SeparateRayPPOTrainer.fit",
-         _trainer.fit_wrapper(trainer_v0.TRAINER, trainer_v0._worker_actors, layout_of=lambda _: Layout.DISAGGREGATED.value),
-         (), COMPONENT),
-    Hook(SEPARATION, "SeparateRayPPOTrainer.fit_step", _fit_step, ("batch_dict",), COMPONENT),
+    Hook(SEPARATION, "SeparateRayPPOTrainer.fit", _fit, (), COMPONENT),
     Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
     Hook(SEPARATION, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
     Hook(SEPARATION, "extract_reward", trainer_v0._batch_stage(Stage.REWARD, "batch"), ("batch",), COMPONENT),
