@@ -74,6 +74,7 @@ TRAINER = "verl.trainer"
 LAYOUT = "verl.layout"
 SAMPLE_OUTCOME = "verl.sample.outcome"
 REWARD_SCORE = "verl.reward.score"
+REWARD_MANAGER = "verl.reward.manager"  # the reward actor's reward manager class
 EPOCH = "verl.epoch"
 CONSUMED_BATCHES = "verl.consumed_batches"
 RESPONSE_TOKENS = "verl.generation.response_tokens"
@@ -143,6 +144,7 @@ class Subject(enum.Enum):
     LLM_SERVER = "llm_server"  # server actor: the server side of one generate call
     TOOL = "tool"  # worker: one tool execution (execute_tool)
     REWARD = "reward"  # worker: reward computation of one trajectory
+    REWARD_WORKER = "reward_worker"  # reward actor: its side of one trajectory's reward computation
 
 
 # --------------------------------------------------------------------------- span names
@@ -153,6 +155,7 @@ SPAN_ROLLOUT = "verl.rollout"
 SPAN_PROMPT_TASK = "verl.prompt_task"
 SPAN_LLM_SERVER = "verl.llm_server.generate"
 SPAN_REWARD = "verl.reward"
+SPAN_REWARD_WORKER = "verl.reward_worker.compute_score"
 
 
 def step_stage_span_name(stage: str) -> str:

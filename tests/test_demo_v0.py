@@ -91,6 +91,12 @@ def test_every_uid_is_one_trace_with_worker_subtrees_parented_by_propagated_cont
             assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
             [reward] = children(trace, traj, "verl.reward")
             assert "verl.reward.score" in reward["attributes"]
+            # verl's RewardLoopWorker actor computed it: its span, by the carrier in the data
+            [actor] = children(trace, reward, "verl.reward_worker.compute_score")
+            assert actor["resource"]["verl.role"] == "reward_worker" and actor["kind"] == 2  # SERVER
+            assert actor["attributes"]["verl.reward.score"] == reward["attributes"]["verl.reward.score"]
+            assert actor["attributes"]["verl.uid"] == uid
+            assert actor["attributes"]["verl.reward.manager"] == "NaiveRewardManager"
         stages = {s["attributes"]["verl.stage"]: s for s in children(trace, root, "verl.sample_stage")}
         assert set(stages) == {"reward", "old_log_prob", "ref_log_prob", "adv", "update_actor"}
         for stage, span in stages.items():

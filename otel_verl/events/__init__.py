@@ -28,8 +28,14 @@ Rollout worker side::
         with events.reward() as reward:
             reward.score(1.0)
 
-The functions live in :mod:`.trainer` (trainer process), :mod:`.worker` (rollout worker)
-and :mod:`.server` (LLM server actor), on top of the shared plumbing in :mod:`._core`.
+Reward actor side (the reward span's carrier came with the data)::
+
+    with events.reward_worker_call(carrier, reward_manager="NaiveRewardManager") as call:
+        call.score(1.0)
+
+The functions live in :mod:`.trainer` (trainer process), :mod:`.worker` (rollout worker),
+:mod:`.server` (LLM server actor) and :mod:`.reward_worker` (reward actor), on top of the
+shared plumbing in :mod:`._core`.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from otel_verl.events.prompt_task import (
     prompt_task_parent,
     prompt_task_started,
 )
+from otel_verl.events.reward_worker import RewardWorkerCall, reward_worker_call
 from otel_verl.events.server import ServerCall, current_server_call, llm_server_call
 from otel_verl.events import trainer as _trainer
 from otel_verl.events.trainer import (

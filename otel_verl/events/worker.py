@@ -484,6 +484,14 @@ class RewardHandle(SpanScope):
             self.span.set_attribute(sc.REWARD_SCORE, score)
             self.scored = score
 
+    @health.guarded(default=None)
+    def carrier(self) -> Optional[carriers.TraceCarrier]:
+        """This reward span's context for the reward actor that computes the score, with
+        the trajectory's identity for the actor's span (``None`` when not traced)."""
+        if self.span is None or self.traj is None:
+            return None
+        return carriers.TraceCarrier.from_span(self.span, dict(self.traj.sample_attributes))
+
     def _ended(self, error: Optional[BaseException]) -> None:
         if self.span is not None and self.scored is not None:
             self.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), self.scored)

@@ -35,6 +35,7 @@ def all_hooks() -> List[hooks.Hook]:
         agent_loop_tq,
         llm_client,
         llm_server,
+        reward_loop,
         trainer_separation,
         trainer_v0,
         trainer_v1,
@@ -49,6 +50,7 @@ def all_hooks() -> List[hooks.Hook]:
         *agent_loop_tq.HOOKS,
         *llm_client.HOOKS,
         *llm_server.HOOKS,
+        *reward_loop.HOOKS,
     ]
 
 

@@ -169,9 +169,25 @@ async def _compute_score(wrapped, instance, args, kwargs):
         _record_outcome(final, None)
         return result
     with events.reward() as reward:
+        args, kwargs = _with_reward_carrier(wrapped, instance, args, kwargs, reward)
         result = await wrapped(*args, **kwargs)
         _record_outcome(final, reward)
     return result
+
+
+def _with_reward_carrier(wrapped, instance, args, kwargs, reward):
+    """``_compute_score``'s arguments with the reward span's carrier added to a copy of
+    its ``kwargs`` (the row's columns, which verl turns into the columns of the reward
+    DataProto it sends the reward actor; the row's own dict stays untouched)."""
+    try:
+        carrier = reward.carrier()
+        row = arguments(wrapped, instance, args, kwargs)[1].get("kwargs")
+        if carrier is None or not isinstance(row, dict):
+            return args, kwargs
+        return with_argument(wrapped, instance, args, kwargs, "kwargs", {**row, carriers.COLUMN: carrier})
+    except Exception as exc:
+        health.record_failure("agent_loop.reward_carrier", exc)
+        return args, kwargs
 
 
 @health.guarded(default=None)
@@ -242,7 +258,7 @@ HOOKS = [
     Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
     Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs",), COMPONENT),
+    Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs", "kwargs"), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_generating_state", _handle_generating_state, ("agent_data",), COMPONENT),
     Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),
