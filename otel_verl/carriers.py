@@ -5,7 +5,8 @@ the method's signature on the caller side), so context rides inside data verl al
 passes: a ``non_tensor_batch`` column or ``meta_info`` entry of a DataProto, a field of
 a v1 TensorDict, or a reserved key of a dict argument. Every ``inject_*`` has a
 ``pop_*`` twin that the receiving side calls *before* verl or user code sees the data,
-so no carrier leaks into reward DataProtos, TransferQueue or ``extra_fields``.
+so no carrier leaks into reward managers, TransferQueue or ``extra_fields`` (the reward
+DataProto brings the reward span's carrier to the reward actor, which pops it).
 
 A carrier value is a :class:`TraceCarrier`: the context and the id of the run that
 sent it, no settings (carriers travel inside data that may outlive the run, e.g. in
