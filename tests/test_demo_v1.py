@@ -80,6 +80,9 @@ def test_every_uid_is_one_trace_prompt_task_and_sessions_from_the_worker(demo):
             assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
             [reward] = children(trace, session, "verl.reward")
             assert reward["attributes"]["verl.reward.score"] in (0.0, 1.0)
+            [actor] = children(trace, reward, "verl.reward_worker.compute_score")  # verl's RewardLoopWorker
+            assert actor["resource"]["verl.role"] == "reward_worker"
+            assert actor["attributes"]["verl.reward.score"] == reward["attributes"]["verl.reward.score"]
         stages = collections.defaultdict(list)
         for span in children(trace, root, "verl.sample_stage"):
             stages[span["attributes"]["verl.stage"]].append(span)
