@@ -4,9 +4,11 @@ Runs in the SGLangHttpServer / vLLMHttpServer actor. The turn's context arrives 
 suffix of the request id (see :mod:`otel_verl.carriers`): stripped here before the
 engine sees the id. sglang's per-request ``meta_info`` (e2e_latency, queue_time, ...;
 every key optional, names vary by version) is read from ``TokenizerManager.generate_request``
-and returned to the worker in ``extra_fields`` for the trajectory JSONL. When sglang's own
-tracing is on, our context is passed as ``external_trace_header`` so engine spans nest
-under the turn. sglang installs its own global TracerProvider in this process; otel_verl
+and returned to the worker in ``extra_fields`` for the trajectory JSONL. The turn's context
+also goes to the engine, so that the engine's own request spans (when its tracing is on)
+nest under the turn: as ``external_trace_header`` on sglang's ``GenerateReqInput``, and as
+``trace_headers`` of vLLM's ``AsyncLLM.generate`` (verl's ``vLLMHttpServer.generate`` passes
+none). Both engines install their own global TracerProvider in this process; otel_verl
 keeps its own (see ``otel_verl.configure``).
 """
 
@@ -21,6 +23,7 @@ from otel_verl.semconv import Role
 SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
 VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 SGLANG_TOKENIZER_MANAGER = "sglang.srt.managers.tokenizer_manager"
+VLLM_ASYNC_LLM = "vllm.v1.engine.async_llm"
 COMPONENT = "llm_server"
 
 
@@ -69,8 +72,27 @@ async def _generate_request(wrapped, instance, args, kwargs):
         yield out
 
 
+def _engine_generate(wrapped, instance, args, kwargs):
+    """vLLM ``AsyncLLM.generate(prompt, sampling_params, request_id, *, trace_headers=None, ...)``.
+
+    A plain function around an async generator function: calling it only builds the
+    generator, so the turn's headers are read here, inside the server call, and the
+    generator verl iterates (and closes) is vLLM's own.
+    """
+    server = events.current_server_call()
+    if server is not None and server.headers:
+        try:
+            if arguments(wrapped, instance, args, kwargs)[1].get("trace_headers") is None:
+                args, kwargs = with_argument(wrapped, instance, args, kwargs, "trace_headers", dict(server.headers))
+        except Exception as exc:
+            health.record_failure("llm_server.trace_headers", exc)
+    return wrapped(*args, **kwargs)
+
+
 HOOKS = [
     Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
     Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
     Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
+    # installed only where the engine's generate takes trace_headers
+    Hook(VLLM_ASYNC_LLM, "AsyncLLM.generate", _engine_generate, ("trace_headers",), COMPONENT),
 ]
