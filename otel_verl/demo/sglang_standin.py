@@ -261,7 +261,8 @@ def init_server_attributes(
     """Set, on an ``SGLangHttpServer`` made without ``__init__``, what its methods read (verl 0.9.1)."""
     from verl.workers.rollout.replica import RolloutMode
 
-    from otel_verl.demo.llm_server_standin import TokenizerManagerStandIn, sglang_enable_metrics
+    from otel_verl.demo.engine_spans_standin import tokenizer_manager_for
+    from otel_verl.demo.llm_server_standin import sglang_enable_metrics
 
     server.config = _as_rollout_config(config)
     server.model_config = _as_model_config(model_config)
@@ -289,9 +290,11 @@ def init_server_attributes(
 
             tokenizer = AutoTokenizer.from_pretrained(server.model_config.path)
         # launch_server, which would start sglang with these server args, is bypassed: the
-        # stand-in engine takes verl's enable_metrics decision from the same config
-        tokenizer_manager = TokenizerManagerStandIn(
-            tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s,
+        # stand-in engine takes verl's enable_metrics decision from the same config, and
+        # makes sglang-shaped engine spans when engine_kwargs.sglang.enable_trace is on
+        tokenizer_manager = tokenizer_manager_for(
+            server.config, tokenizer, model=str(server.model_config.path),
+            latency_s=latency_s, per_token_latency_s=per_token_latency_s,
             enable_metrics=sglang_enable_metrics(server.config),
         )
     server.tokenizer_manager = tokenizer_manager

@@ -1,0 +1,160 @@
+"""The turn's context reaches the engines (vLLM ``trace_headers``, sglang
+``external_trace_header``), and the engine-span stand-in writes spans shaped like theirs
+under it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from otel_verl import carriers, events, semconv as sc
+from otel_verl.demo import engine_spans_standin as standin
+from otel_verl.instrumentation import hooks, llm_server
+
+VLLM_MODULE = llm_server.VLLM_ASYNC_LLM
+
+
+class _AsyncLLM(standin.AsyncLLMStandIn):
+    """What ``vllm.v1.engine.async_llm.AsyncLLM`` is in these tests."""
+
+
+class _OldEngine:
+    async def generate(self, prompt, sampling_params, request_id, *, lora_request=None, priority=0):
+        yield request_id
+
+
+@pytest.fixture
+def fake_vllm():
+    if VLLM_MODULE in sys.modules:
+        pytest.skip("a real vLLM is imported in this process")
+
+    def install(engine_class):
+        module = types.ModuleType(VLLM_MODULE)
+        module.AsyncLLM = engine_class
+        sys.modules[VLLM_MODULE] = module
+        hooks.install_all([h for h in llm_server.HOOKS if h.module == VLLM_MODULE])
+        return hooks.status()[f"{VLLM_MODULE}:AsyncLLM.generate"]
+
+    yield install
+    hooks.uninstall_all()
+    sys.modules.pop(VLLM_MODULE, None)
+
+
+def _verl_generate(engine, request_id="req-1", **extra):
+    """The call verl 0.9.1's vLLMHttpServer.generate makes, iterated to the end."""
+    async def run():
+        outputs = []
+        async for out in engine.generate(prompt={"prompt_token_ids": [1, 2, 3]}, sampling_params={"max_tokens": 2},
+                                         request_id=request_id, lora_request=None, priority=0, **extra):
+            outputs.append(out)
+        return outputs
+
+    return asyncio.run(run())
+
+
+def _chat_headers():
+    with events.trajectory("u1", "0", step=1, agent_name="a"):
+        with events.llm_call([1, 2, 3], model="m") as turn:
+            return turn.carrier()
+
+
+def test_vllm_gets_the_turns_context_as_trace_headers(make_pipeline, fake_vllm):
+    pipeline = make_pipeline()
+    assert fake_vllm(_AsyncLLM)[0] == hooks.INSTALLED
+    exporter = InMemorySpanExporter()
+    engine = _AsyncLLM(tracer=standin.EngineTracerStandIn.vllm(exporter=exporter))
+    headers = _chat_headers()
+    with events.llm_server_call(headers, request_id="req-1", provider="vllm"):
+        [output] = _verl_generate(engine)
+    _verl_generate(engine, "req-2")  # no server call: nothing to pass
+    with events.llm_server_call(headers, request_id="req-3", provider="vllm"):
+        _verl_generate(engine, "req-3", trace_headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    assert output.outputs[0].token_ids == [2, 3]
+    assert engine.received_trace_headers[0] == headers
+    assert engine.received_trace_headers[1] is None
+    assert engine.received_trace_headers[2]["traceparent"].startswith("00-" + "1" * 32)  # the caller's own wins
+
+    engine.engine_tracer.force_flush()
+    [chat] = [s for s in pipeline.spans() if s.name == sc.llm_span_name(sc.OP_CHAT, "m")]
+    requests = [s for s in exporter.get_finished_spans() if s.attributes["gen_ai.request.id"] == "req-1"]
+    assert len(requests) == 1 and len(exporter.get_finished_spans()) == 2  # req-2 had no headers: no span
+    request = requests[0]
+    assert request.name == "llm_request" and request.kind is SpanKind.SERVER
+    assert request.context.trace_id == chat.context.trace_id and request.parent.span_id == chat.context.span_id
+    assert request.resource.attributes["vllm.instrumenting_module_name"] == "vllm.llm_engine"
+    assert "verl.run_id" not in request.resource.attributes
+    assert request.attributes["gen_ai.usage.completion_tokens"] == 2
+
+
+def test_an_engine_without_trace_headers_is_left_alone(make_pipeline, fake_vllm):
+    make_pipeline()
+    state, reason = fake_vllm(_OldEngine)
+    assert state == hooks.SKIPPED and "missing trace_headers" in reason
+    with events.llm_server_call(_chat_headers(), request_id="r", provider="vllm"):
+        assert _verl_generate(_OldEngine()) == ["req-1"]
+
+
+def test_the_sglang_stand_in_is_chosen_by_the_rollout_config():
+    on = {"engine_kwargs": {"sglang": {"enable_trace": True, "otlp_traces_endpoint": "127.0.0.1:9"}}}
+    assert standin.sglang_trace_settings(on) == "127.0.0.1:9"
+    assert standin.sglang_trace_settings({"engine_kwargs": {"sglang": {"enable_trace": True}}}) == "localhost:4317"
+    assert standin.sglang_trace_settings({"engine_kwargs": {"sglang": {}}}) is None
+    assert standin.sglang_trace_settings({}) is None
+
+
+@pytest.mark.verl
+@pytest.mark.timeout(300)
+def test_sglang_spans_nest_under_the_turn_through_verls_server(make_pipeline):
+    """verl's SGLangHttpServer.generate over the stand-in engine, with otel_verl's hooks:
+    the engine's request root is a child of the chat span, in the uid's trace."""
+    from transformers import AutoTokenizer
+
+    from otel_verl.demo import sglang_standin
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+
+    pipeline = make_pipeline()
+    exporter = InMemorySpanExporter()
+    model_dir = ensure_tiny_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    manager = standin.TracingTokenizerManagerStandIn(
+        tokenizer, tracer=standin.EngineTracerStandIn.sglang(exporter=exporter), model="tiny", latency_s=0.01)
+    try:
+        server = sglang_standin.make_sglang_server_standin(model_config=model_dir, tokenizer_manager=manager)
+        hooks.install_all([h for h in llm_server.HOOKS if h.module != VLLM_MODULE])
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 plus 3?"}],
+                                               tokenize=True, add_generation_prompt=True)["input_ids"]
+
+        async def turn():
+            with events.trajectory("u1", "0", step=1, agent_name="a"):
+                with events.llm_call(prompt, model="m") as chat:
+                    return await server.generate(prompt, {"temperature": 0},
+                                                 carriers.tag_request_id("req-1", chat.carrier()))
+
+        output = asyncio.run(turn())
+    finally:
+        hooks.uninstall_all()
+        sglang_standin.uninstall()
+    assert output.stop_reason == "stop"
+    manager.engine_tracer.force_flush()
+    engine_spans = exporter.get_finished_spans()
+    [chat] = [s for s in pipeline.spans() if s.name == sc.llm_span_name(sc.OP_CHAT, "m")]
+    [root] = [s for s in engine_spans if s.name == " Req req-1"]
+    assert root.parent.span_id == chat.context.span_id
+    assert {s.context.trace_id for s in engine_spans} == {chat.context.trace_id}
+    assert root.attributes["rid"] == "req-1" and root.attributes["module"] == "sglang::request"
+    assert root.attributes["gen_ai.request.id"] == "req-1" and root.attributes["gen_ai.usage.completion_tokens"] > 0
+    assert root.resource.attributes["service.name"] == "sglang" and "verl.run_id" not in root.resource.attributes
+    by_id = {s.context.span_id: s for s in engine_spans}
+    threads = [s for s in engine_spans if s.parent.span_id == root.context.span_id]
+    assert sorted(s.attributes["thread_label"] for s in threads) == ["Scheduler", "Tokenizer"]
+    slices = [s.name for s in sorted(engine_spans, key=lambda s: s.start_time)
+              if by_id.get(s.parent.span_id) in threads]
+    assert slices == ["tokenize", "api_server_dispatch", "request_process", "prefill_waiting",
+                      "prefill_forward", "decode_forward"]
+    decode = [s for s in engine_spans if s.name == "decode_forward"][0]
+    assert all(by_id[s.parent.span_id] is decode for s in engine_spans if s.name == "decode_loop")
