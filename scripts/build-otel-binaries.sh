@@ -4,11 +4,14 @@
 #
 #   jaeger   Jaeger v2.13 (Go module github.com/jaegertracing/jaeger v1.76.0, cmd/jaeger)
 #   otelcol  minimal OpenTelemetry Collector from scripts/otelcol (go.mod/go.sum pinned):
-#            otlp + otlp_json_file receivers, batch, debug/otlp_grpc/otlp_http/file exporters
+#            otlp + otlp_json_file receivers, batch + resource processors,
+#            debug/otlp_grpc/otlp_http/file exporters
 #
 # A binary is built only when it is missing from the cache dir
 #   ${OTEL_VERL_BIN_CACHE:-$HOME/.cache/otel_verl/bin}
-# (delete it, or pass --force, to rebuild). Go's module and build caches are the
+# (delete it, or pass --force, to rebuild), or, for otelcol, when its sources
+# changed (otelcol.sources there holds the sha256 of scripts/otelcol's go.mod,
+# go.sum and main.go that it was built from). Go's module and build caches are the
 # defaults (~/go/pkg/mod, ~/.cache/go-build), so a CI cache of those makes
 # rebuilds take seconds.
 #
@@ -37,7 +40,7 @@ for arg in "$@"; do
     --print-dir) echo "$BIN_DIR"; exit 0 ;;
     --force) force=1 ;;
     jaeger|otelcol) targets+=("$arg") ;;
-    -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) die "unknown argument: $arg (expected --print-dir, --force, jaeger, otelcol)" ;;
   esac
 done
@@ -80,16 +83,32 @@ build_jaeger() {
     "-X $JAEGER_MODULE/internal/version.latestVersion=$JAEGER_V2_VERSION"
 }
 
+# otelcol_sources: the sha256 of what the otelcol binary is built from
+# (tests/otel_binaries.py computes the same to find a stale binary).
+otelcol_sources() {
+  (cd "$REPO_ROOT/scripts/otelcol" && cat go.mod go.sum main.go | sha256sum | cut -d' ' -f1)
+}
+
 build_otelcol() {
   # go.mod/go.sum in scripts/otelcol pin every module; -mod=readonly makes the
   # build fail rather than silently resolve something else.
+  local sources
+  sources="$(otelcol_sources)" || return 1
   cd "$REPO_ROOT/scripts/otelcol" || return 1
   extra+=(-mod=readonly)
-  go_build "$BIN_DIR/otelcol" .
+  go_build "$BIN_DIR/otelcol" . || return 1
+  echo "$sources" > "$BIN_DIR/otelcol.sources"
+}
+
+# up_to_date NAME: the cached binary exists and was built from today's sources
+up_to_date() {
+  [[ -x "$BIN_DIR/$1" ]] || return 1
+  [[ "$1" != otelcol ]] && return 0
+  [[ "$(cat "$BIN_DIR/otelcol.sources" 2>/dev/null)" == "$(otelcol_sources)" ]]
 }
 
 for t in "${targets[@]}"; do
-  if [[ $force -eq 0 && -x "$BIN_DIR/$t" ]]; then
+  if [[ $force -eq 0 ]] && up_to_date "$t"; then
     log "$t already built: $BIN_DIR/$t"
   else
     log "building $t (cold builds take minutes) ..."

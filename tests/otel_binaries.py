@@ -5,10 +5,10 @@ Go module proxy into ``${OTEL_VERL_BIN_CACHE:-~/.cache/otel_verl/bin}``:
 
 * ``jaeger``  - Jaeger v2.13 (memory storage, OTLP in, /api/v3 query API)
 * ``otelcol`` - minimal OpenTelemetry Collector (otlp, otlp_json_file,
-  batch, debug, otlp_grpc, otlp_http, file)
+  batch, resource, debug, otlp_grpc, otlp_http, file)
 
-When a binary is missing, the script runs first if ``OTEL_VERL_BUILD_BINARIES=1``
-or ``CI=true``. If it is still unavailable, tests fail under CI and are skipped
+When a binary is missing (or otelcol was built from other sources), the script
+runs first if ``OTEL_VERL_BUILD_BINARIES=1`` or ``CI=true``. If it is still unavailable, tests fail under CI and are skipped
 elsewhere (``require_binary``).
 
 Reusable pieces for end-to-end tests: ``free_ports``, ``wait_for_port``,
@@ -67,6 +67,26 @@ def _want_build() -> bool:
     return in_ci() or os.environ.get("OTEL_VERL_BUILD_BINARIES", "") == "1"
 
 
+def otelcol_sources() -> str:
+    """The sha256 of what otelcol is built from (as scripts/build-otel-binaries.sh
+    computes it and stores it next to the binary in ``otelcol.sources``)."""
+    import hashlib
+
+    src = REPO_ROOT / "scripts" / "otelcol"
+    return hashlib.sha256(b"".join((src / f).read_bytes() for f in ("go.mod", "go.sum", "main.go"))).hexdigest()
+
+
+def _up_to_date(name: str) -> bool:
+    """``name`` is built, and (otelcol) from the sources in this checkout."""
+    path = bin_dir() / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        return False
+    if name != "otelcol":
+        return True
+    stamp = bin_dir() / "otelcol.sources"
+    return stamp.is_file() and stamp.read_text().strip() == otelcol_sources()
+
+
 def _build(name: str) -> str | None:
     """Run the build script for ``name``; return an error text or None."""
     if name in _build_error:
@@ -75,7 +95,7 @@ def _build(name: str) -> str | None:
     # Serialise builds across processes (pytest-xdist workers, parallel runs).
     with open(bin_dir() / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (bin_dir() / name).is_file():
+        if _up_to_date(name):
             return None
         try:
             # its own process group: on timeout the go build it runs is stopped too
@@ -108,15 +128,16 @@ def find_binary(name: str) -> tuple[str | None, str]:
     """Return (path, "") or (None, reason it is unavailable)."""
     assert name in BINARIES, name
     path = bin_dir() / name
-    if path.is_file() and os.access(path, os.X_OK):
+    if _up_to_date(name):
         return str(path), ""
     if not _want_build():
+        state = "built from other sources (scripts/otelcol changed)" if path.is_file() else "not built"
         return None, (
-            f"{path} not built; run scripts/build-otel-binaries.sh "
+            f"{path} {state}; run scripts/build-otel-binaries.sh "
             "(or set OTEL_VERL_BUILD_BINARIES=1 to build it from the test)"
         )
     err = _build(name)
-    if err is None and path.is_file():
+    if err is None and _up_to_date(name):
         return str(path), ""
     return None, err or f"build script ran but {path} is missing"
 

@@ -6,13 +6,14 @@
 // Components:
 //
 //	receivers:  otlp (core), otlp_json_file (contrib; replays file-exporter output)
-//	processors: batch
+//	processors: batch, resource (contrib; the per-run file configs use it to give spans
+//	            without verl.run_id a default file group)
 //	exporters:  debug, otlp_grpc (alias otlp), otlp_http (alias otlphttp), file (contrib)
 //
 // Config providers: env, file, yaml (so ${env:VAR:-default} works).
 //
-// Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter
-// v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy
+// Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter and
+// resourceprocessor v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy
 // reachable here refuses v0.160.0 and later of that module (and pkg/stanza
 // v0.161.0) with "403 Forbidden ... This module version is not available",
 // so go.mod pins v0.158.0, which builds against core v0.161.0.
@@ -38,6 +39,7 @@ import (
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/resourceprocessor"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/receiver/otlpjsonfilereceiver"
 )
 
@@ -81,11 +83,13 @@ func components() (otelcol.Factories, error) {
 
 	if f.Processors, err = otelcol.MakeFactoryMap[processor.Factory](
 		batchprocessor.NewFactory(),
+		resourceprocessor.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
 	f.ProcessorModules = modules(f.Processors, map[component.Type]string{
-		batchprocessor.NewFactory().Type(): core + "processor/batchprocessor" + coreV,
+		batchprocessor.NewFactory().Type():    core + "processor/batchprocessor" + coreV,
+		resourceprocessor.NewFactory().Type(): contrib + "processor/resourceprocessor" + coreV,
 	})
 
 	if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
