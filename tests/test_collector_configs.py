@@ -145,13 +145,15 @@ def test_smoke_otelcol_files_and_jaeger_then_replay(jaeger_server, otelcol_facto
 
     trace_id, ids = send_spans(col.otlp_grpc_endpoint,
                                {"service.name": "otel-verl-smoke", "verl.run_id": run_id})
-    # A resource without verl.run_id reaches Jaeger but not the files
-    # (the grouping file exporter drops it).
+    # A resource without verl.run_id (an engine's own spans) reaches Jaeger
+    # unchanged and the default file group.
     orphan_trace, orphan_ids = send_spans(col.otlp_grpc_endpoint, {"service.name": "otel-verl-smoke"}, 0)
 
     got = jaeger_server.wait_for_trace(trace_id, min_spans=len(ids))
     assert ob.span_ids(got) == ids
-    assert ob.span_ids(jaeger_server.wait_for_trace(orphan_trace)) == orphan_ids
+    orphan_in_jaeger = jaeger_server.wait_for_trace(orphan_trace)
+    assert ob.span_ids(orphan_in_jaeger) == orphan_ids
+    assert all("fileexporter.path_segment" not in s["resource"] for s in ob.flat_spans(orphan_in_jaeger))
 
     # Stop the collector (clean shutdown flushes and closes the files).
     assert col.process.stop() == 0, col.process.log_tail()
@@ -159,6 +161,8 @@ def test_smoke_otelcol_files_and_jaeger_then_replay(jaeger_server, otelcol_facto
     assert [f.name for f in files] == ["traces.jsonl"], list(trace_dir.rglob("*"))
     in_files = read_span_ids(files)
     assert in_files == {trace_id: ids}
+    assert sorted(p.name for p in trace_dir.iterdir()) == sorted(["_no_run_id", run_id])
+    assert read_span_ids([trace_dir / "_no_run_id" / "otlp" / "traces.jsonl"]) == {orphan_trace: orphan_ids}
 
     # Restart with the same config: rotation mode appends, never truncates.
     col2 = otelcol_factory(ob.CONFIG_DIR / "otelcol-file-jaeger.yaml", {
