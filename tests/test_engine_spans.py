@@ -158,3 +158,106 @@ def test_sglang_spans_nest_under_the_turn_through_verls_server(make_pipeline):
                       "prefill_forward", "decode_forward"]
     decode = [s for s in engine_spans if s.name == "decode_forward"][0]
     assert all(by_id[s.parent.span_id] is decode for s in engine_spans if s.name == "decode_loop")
+
+
+# --------------------------------------------------------------------------- through the real collector
+
+
+@pytest.mark.e2e
+@pytest.mark.verl
+@pytest.mark.timeout(300)
+def test_engine_spans_reach_the_files_and_jaeger_inside_the_uids_trace(make_pipeline, fake_vllm, tmp_path):
+    """The turn's spans (with verl.run_id) and both engines' spans (without) through the
+    shipped otelcol-file-jaeger.yaml: the run's spans in <dir>/<run id>/, the engines' in
+    <dir>/_no_run_id/, and Jaeger's trace of the uid holds all of them, each engine
+    request a child of its chat span. The sglang stand-in is switched on by the same
+    rollout-config keys as the real server (engine_kwargs.sglang.enable_trace,
+    otlp_traces_endpoint)."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from transformers import AutoTokenizer
+    from verl.workers.config import RolloutConfig
+
+    import otel_binaries as ob
+    from otel_verl.demo import sglang_standin
+    from otel_verl.demo.tiny_model import ensure_tiny_model
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+    from otel_verl.ids import trace_id_for_uid
+
+    trace_dir = tmp_path / "collector"
+    jaeger = ob.start_jaeger(tmp_path / "jaeger")
+    col = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file-jaeger.yaml", tmp_path, {
+        "OTELCOL_FILE_DIR": str(trace_dir), "OTELCOL_JAEGER_ENDPOINT": jaeger.otlp_grpc_endpoint})
+    try:
+        verl_export = BatchSpanProcessor(OTLPSpanExporter(endpoint=col.otlp_grpc_endpoint, insecure=True))
+        pipeline = make_pipeline([verl_export], sdk_spans=True)  # resource verl.run_id=test-run
+        assert fake_vllm(_AsyncLLM)[0] == hooks.INSTALLED
+        vllm_engine = _AsyncLLM(otlp_traces_endpoint=col.otlp_grpc_endpoint)
+        model_dir = ensure_tiny_model()
+        config = RolloutConfig(name="sglang", prompt_length=512, response_length=128, max_model_len=640,
+                               tensor_model_parallel_size=1,
+                               engine_kwargs={"sglang": {"enable_trace": True,
+                                                         "otlp_traces_endpoint": col.otlp_grpc_endpoint}})
+        server = sglang_standin.make_sglang_server_standin(config, model_config=model_dir, latency_s=0.01)
+        assert isinstance(server.tokenizer_manager, standin.TracingTokenizerManagerStandIn)
+        hooks.install_all([h for h in llm_server.HOOKS if h.module != VLLM_MODULE])
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 plus 3?"}],
+                                               tokenize=True, add_generation_prompt=True)["input_ids"]
+
+        async def trajectory():
+            with events.trajectory("uid-e2e", "0", step=1, agent_name="a"):
+                with events.llm_call(prompt, model="m") as chat:
+                    await server.generate(prompt, {"temperature": 0}, carriers.tag_request_id("req-s", chat.carrier()))
+                with events.llm_call(prompt, model="m") as chat:
+                    with events.llm_server_call(chat.carrier(), request_id="req-v", provider="vllm"):
+                        async for _ in vllm_engine.generate(prompt={"prompt_token_ids": prompt},
+                                                            sampling_params={"max_tokens": 3}, request_id="req-v"):
+                            pass
+
+        asyncio.run(trajectory())
+        assert server.tokenizer_manager.engine_tracer.force_flush() and vllm_engine.engine_tracer.force_flush()
+        assert pipeline.provider.force_flush()
+        hooks.uninstall_all()
+        sglang_standin.uninstall()
+        assert col.process.stop() == 0, col.process.log_tail()  # flushes, closes the files
+        run_files = spans_from_files([str(p) for p in (trace_dir / "test-run" / "otlp").glob("*.jsonl")])
+        engine_files = spans_from_files([str(p) for p in (trace_dir / "_no_run_id" / "otlp").glob("*.jsonl")])
+        trace_id = format(trace_id_for_uid("uid-e2e"), "032x")
+        in_jaeger = ob.flat_spans(jaeger.wait_for_trace(trace_id, min_spans=len(run_files + engine_files), raw=True))
+    finally:
+        hooks.uninstall_all()
+        sglang_standin.uninstall()
+        col.process.stop()
+        jaeger.process.stop()
+
+    assert sorted(p.name for p in trace_dir.iterdir()) == ["_no_run_id", "test-run"]
+    assert {s["resource"].get("verl.run_id") for s in run_files} == {"test-run"}
+    # vLLM names no service: OTEL_SERVICE_NAME, else the SDK's unknown_service:<executable>
+    assert {s["resource"]["service.name"].split(":")[0] for s in engine_files} == {"sglang", "unknown_service"}
+    assert not any("verl.run_id" in s["resource"] for s in engine_files)
+
+    assert len(in_jaeger) == len(run_files + engine_files)
+    for spans in (run_files + engine_files, in_jaeger):
+        assert {s["traceId"] for s in spans} == {trace_id}
+        chats = [s for s in spans if s["name"] == "chat m"]
+        assert len(chats) == 2
+        sglang_root = [s for s in spans if s["name"] == " Req req-s"]
+        vllm_request = [s for s in spans if s["name"] == "llm_request"]
+        assert len(sglang_root) == 1 and len(vllm_request) == 1
+        assert sglang_root[0]["parentSpanId"] in {c["spanId"] for c in chats}
+        assert vllm_request[0]["parentSpanId"] in {c["spanId"] for c in chats}
+        assert sglang_root[0]["parentSpanId"] != vllm_request[0]["parentSpanId"]
+        sglang_tree = _descendants(spans, sglang_root[0])
+        assert {s["name"] for s in sglang_tree} >= {"tokenize", "prefill_forward", "decode_forward", "decode_loop"}
+        assert {s["resource"]["service.name"] for s in sglang_tree} == {"sglang"}
+
+
+def _descendants(spans, root):
+    out, todo = [], [root["spanId"]]
+    while todo:
+        parent = todo.pop()
+        kids = [s for s in spans if s["parentSpanId"] == parent]
+        out += kids
+        todo += [k["spanId"] for k in kids]
+    return out

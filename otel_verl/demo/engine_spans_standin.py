@@ -25,7 +25,7 @@ sglang (service.name ``sglang``, tracer ``sglang server``), one request, unified
                                               MAX_DECODE_LOOP_SPANS here)
 
 vLLM (resource ``vllm.instrumenting_module_name=vllm.llm_engine``, ``vllm.process_id``;
-service.name from ``OTEL_SERVICE_NAME``, else ``unknown_service``; tracer
+service.name from ``OTEL_SERVICE_NAME``, else the SDK's ``unknown_service:<executable>``; tracer
 ``vllm.tracing.otel``): one SERVER span ``llm_request`` from arrival to the end of the
 request, with ``gen_ai.latency.*``, ``gen_ai.usage.prompt_tokens`` /
 ``completion_tokens``, ``gen_ai.request.*``.
