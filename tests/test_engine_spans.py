@@ -261,3 +261,40 @@ def _descendants(spans, root):
         out += kids
         todo += [k["spanId"] for k in kids]
     return out
+
+
+@pytest.mark.e2e
+@pytest.mark.verl
+@pytest.mark.timeout(900)
+def test_a_demo_run_with_sglang_tracing_on_puts_engine_spans_in_each_uids_trace(tmp_path):
+    """The traced demo with verl's SGLangHttpServer and the README's overrides, exporting
+    to the shipped otelcol-file.yaml: every turn's engine request is a child of its chat
+    span, in the uid's trace, and the engines' spans sit in the _no_run_id files."""
+    import otel_binaries as ob
+    from demo_process import run_in_child
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+    from otel_verl.ids import trace_id_for_uid
+
+    trace_dir = tmp_path / "collector"
+    col = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file.yaml", tmp_path, {"OTELCOL_FILE_DIR": str(trace_dir)})
+    try:
+        endpoint = f"127.0.0.1:{col.grpc_port}"  # sglang's form: host:port
+        summary = run_in_child("demo", {
+            "trace_dir": str(tmp_path / "trace"), "steps": 1, "prompts": 2, "n": 2, "agent": "single",
+            "server": "sglang", "validate": False,
+            "overrides": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_trace=true",
+                          f"+actor_rollout_ref.rollout.engine_kwargs.sglang.otlp_traces_endpoint={endpoint}"],
+        }, str(tmp_path / "work"), env={"OTEL_EXPORTER_OTLP_ENDPOINT": col.otlp_grpc_endpoint})
+    finally:
+        assert col.process.stop() == 0, col.process.log_tail()
+    run_spans = spans_from_files([str(p) for p in (trace_dir / summary["run_id"] / "otlp").glob("*.jsonl")])
+    engine_spans = spans_from_files([str(p) for p in (trace_dir / "_no_run_id" / "otlp").glob("*.jsonl")])
+    chats = {s["spanId"]: s for s in run_spans if s["name"].startswith("chat ")}
+    roots = [s for s in engine_spans if s["name"].startswith(" Req ")]
+    assert len(chats) == 2 * 2 and len(roots) == len(chats)  # single-turn agent: one request per trajectory
+    assert {r["parentSpanId"] for r in roots} == set(chats)
+    for root in roots:
+        uid = chats[root["parentSpanId"]]["attributes"]["verl.uid"]
+        assert root["traceId"] == format(trace_id_for_uid(uid), "032x")
+    assert {s["resource"]["service.name"] for s in engine_spans} == {"sglang"}
+    assert {s["traceId"] for s in engine_spans} == {r["traceId"] for r in roots}
