@@ -23,5 +23,7 @@ Modules (importing this package imports none of them, nor verl):
   replica and the replica choice in ``LLMServerManager``.
 * :mod:`~otel_verl.demo.sglang_standin` - a meta-path stand-in for ``sglang`` so verl's real
   ``SGLangHttpServer.generate`` runs over the stand-in engine.
+* :mod:`~otel_verl.demo.engine_spans_standin` - the engines' own request spans, shaped as
+  sglang and vLLM write them (their tracing, not otel_verl's), for the stand-in engines.
 * :mod:`~otel_verl.demo.probe` - a setup hook that records which Ray processes ran it.
 """
