@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -69,6 +70,7 @@ VLLM_REQUEST_SPAN = "llm_request"
 MAX_DECODE_LOOP_SPANS = 8  # sglang writes one per decode step; a stand-in needs only a few
 
 _propagator = TraceContextTextMapPropagator()
+logger = logging.getLogger(__name__)
 
 
 def _otlp_exporter(endpoint: str) -> SpanExporter:
@@ -91,17 +93,18 @@ class EngineTracerStandIn:
 
     def __init__(self, resource: Resource, tracer_name: str, *, endpoint: Optional[str] = None,
                  exporter: Optional[SpanExporter] = None) -> None:
+        if exporter is None and not endpoint:
+            raise ValueError("an engine tracer needs an OTLP endpoint or an exporter")
         self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(BatchSpanProcessor(
-            exporter or _otlp_exporter(endpoint or SGLANG_DEFAULT_ENDPOINT),
-            schedule_delay_millis=500, max_export_batch_size=64,
+            exporter or _otlp_exporter(str(endpoint)), schedule_delay_millis=500, max_export_batch_size=64,
         ))
         self.tracer = self.provider.get_tracer(tracer_name)
 
     @classmethod
     def sglang(cls, endpoint: Optional[str] = None, *, exporter: Optional[SpanExporter] = None) -> "EngineTracerStandIn":
         return cls(Resource.create({SERVICE_NAME: SGLANG_SERVICE_NAME}), SGLANG_TRACER_NAME,
-                   endpoint=endpoint, exporter=exporter)
+                   endpoint=endpoint or SGLANG_DEFAULT_ENDPOINT, exporter=exporter)
 
     @classmethod
     def vllm(cls, endpoint: Optional[str] = None, *, exporter: Optional[SpanExporter] = None) -> "EngineTracerStandIn":
@@ -174,8 +177,8 @@ def sglang_request_spans(
         return span
 
     # Tokenizer thread (the process hosting verl's server actor)
-    tokenized = received + min(0.0005, (prefill_started - received) / 4)
-    dispatched = tokenized + min(0.0005, (prefill_started - tokenized) / 4)
+    tokenized = received + max(0.0, min(0.0005, (prefill_started - received) / 4))
+    dispatched = tokenized + max(0.0, min(0.0005, (prefill_started - tokenized) / 4))
     tokenizer = thread_span("Tokenizer", received, {})
     slice_span(tokenizer, "tokenize", received, tokenized).end(end_time=_ns(tokenized))
     slice_span(tokenizer, "api_server_dispatch", tokenized, dispatched).end(end_time=_ns(dispatched))
@@ -286,7 +289,10 @@ class TracingTokenizerManagerStandIn(TokenizerManagerStandIn):
             # TokenizerManager.generate_request (otel_verl's) sets the header
             headers = _field(obj, "external_trace_header")
             if headers:
-                self._trace(obj, headers, out, received)
+                try:
+                    self._trace(obj, headers, out, received)
+                except Exception:  # as in a real engine, its tracing never fails the request
+                    logger.warning("engine span stand-in: could not write a request's spans", exc_info=True)
             yield out
 
     def _trace(self, obj: Any, headers: Mapping[str, str], out: Any, received: float) -> None:
@@ -392,10 +398,13 @@ class AsyncLLMStandIn:
         token_ids = [(t + 1) % 1000 for t in (prompt_ids or [0])][:max_tokens]
         last_token = time.time()
         if self.engine_tracer is not None and trace_headers:
-            vllm_request_span(
-                self.engine_tracer, request_id=request_id, trace_headers=trace_headers, arrival=arrival,
-                scheduled=scheduled, first_token=first_token, last_token=last_token,
-                prompt_tokens=len(prompt_ids), completion_tokens=len(token_ids), max_tokens=max_tokens,
-                temperature=_field(sampling_params, "temperature"), top_p=_field(sampling_params, "top_p"),
-            )
+            try:
+                vllm_request_span(
+                    self.engine_tracer, request_id=request_id, trace_headers=trace_headers, arrival=arrival,
+                    scheduled=scheduled, first_token=first_token, last_token=last_token,
+                    prompt_tokens=len(prompt_ids), completion_tokens=len(token_ids), max_tokens=max_tokens,
+                    temperature=_field(sampling_params, "temperature"), top_p=_field(sampling_params, "top_p"),
+                )
+            except Exception:  # as in a real engine, its tracing never fails the request
+                logger.warning("engine span stand-in: could not write a request's span", exc_info=True)
         yield RequestOutputStandIn(request_id, prompt_ids, token_ids, finished=True)
