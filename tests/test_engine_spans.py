@@ -67,7 +67,7 @@ def test_vllm_gets_the_turns_context_as_trace_headers(make_pipeline, fake_vllm):
     pipeline = make_pipeline()
     assert fake_vllm(_AsyncLLM)[0] == hooks.INSTALLED
     exporter = InMemorySpanExporter()
-    engine = _AsyncLLM(tracer=standin.EngineTracerStandIn.vllm(exporter=exporter))
+    engine = _AsyncLLM("in-memory", exporter=exporter)
     headers = _chat_headers()
     with events.llm_server_call(headers, request_id="req-1", provider="vllm"):
         [output] = _verl_generate(engine)
@@ -89,6 +89,15 @@ def test_vllm_gets_the_turns_context_as_trace_headers(make_pipeline, fake_vllm):
     assert request.resource.attributes["vllm.instrumenting_module_name"] == "vllm.llm_engine"
     assert "verl.run_id" not in request.resource.attributes
     assert request.attributes["gen_ai.usage.completion_tokens"] == 2
+
+
+def test_vllm_with_its_tracing_off_gets_no_trace_headers(make_pipeline, fake_vllm):
+    make_pipeline()
+    assert fake_vllm(_AsyncLLM)[0] == hooks.INSTALLED
+    engine = _AsyncLLM(None)  # no otlp_traces_endpoint
+    with events.llm_server_call(_chat_headers(), request_id="r", provider="vllm"):
+        _verl_generate(engine)
+    assert engine.received_trace_headers == [None] and engine.engine_tracer is None
 
 
 def test_an_engine_without_trace_headers_is_left_alone(make_pipeline, fake_vllm):

@@ -49,6 +49,7 @@ import logging
 import os
 import threading
 import time
+import types
 import uuid
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 
@@ -362,13 +363,15 @@ class _CompletionStandIn:
 
 class AsyncLLMStandIn:
     """Stand-in for vLLM's ``AsyncLLM``: ``generate`` has vLLM 0.24.0's signature and, with
-    ``otlp_traces_endpoint`` (or a ``tracer``) set, writes ``llm_request`` under
-    ``trace_headers``. It echoes ``max_tokens`` tokens; ``received_trace_headers`` lists what
-    each call got."""
+    ``otlp_traces_endpoint`` set (``observability_config.otlp_traces_endpoint``, as vLLM keeps
+    it), writes ``llm_request`` under ``trace_headers`` (to ``exporter`` when given). It
+    echoes ``max_tokens`` tokens; ``received_trace_headers`` lists what each call got."""
 
-    def __init__(self, otlp_traces_endpoint: Optional[str] = None, *, tracer: Optional[EngineTracerStandIn] = None,
+    def __init__(self, otlp_traces_endpoint: Optional[str] = None, *, exporter: Optional[SpanExporter] = None,
                  latency_s: float = 0.01) -> None:
-        self.engine_tracer = tracer or (EngineTracerStandIn.vllm(otlp_traces_endpoint) if otlp_traces_endpoint else None)
+        self.observability_config = types.SimpleNamespace(otlp_traces_endpoint=otlp_traces_endpoint)
+        self.engine_tracer = (EngineTracerStandIn.vllm(otlp_traces_endpoint, exporter=exporter)
+                              if otlp_traces_endpoint else None)
         self.latency_s = float(latency_s)
         self.received_trace_headers: List[Optional[Dict[str, str]]] = []
 

@@ -82,11 +82,18 @@ def _engine_generate(wrapped, instance, args, kwargs):
     server = events.current_server_call()
     if server is not None and server.headers:
         try:
-            if arguments(wrapped, instance, args, kwargs)[1].get("trace_headers") is None:
+            if _tracing_on(instance) and arguments(wrapped, instance, args, kwargs)[1].get("trace_headers") is None:
                 args, kwargs = with_argument(wrapped, instance, args, kwargs, "trace_headers", dict(server.headers))
         except Exception as exc:
             health.record_failure("llm_server.trace_headers", exc)
     return wrapped(*args, **kwargs)
+
+
+def _tracing_on(engine) -> bool:
+    """False only where vLLM says its tracing is off (no ``otlp_traces_endpoint``): headers
+    would then ride with every request to the engine core for nothing."""
+    config = getattr(engine, "observability_config", None)
+    return getattr(config, "otlp_traces_endpoint", "unknown") is not None
 
 
 HOOKS = [
