@@ -121,6 +121,8 @@ from otel_verl.demo.common import (
 MODES = ("sync", "colocate_async", "separate_async")
 TQ_STORAGE_UNITS = 1
 SEPARATE_PARAMETER_SYNC_STEP = 2
+# the async modes' stand-in server interrupts every k-th request (see run_v1)
+DEFAULT_PREEMPT_EVERY = 7
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,6 +423,7 @@ def run_v1(
     num_cpus: int = DEFAULT_NUM_CPUS,
     server: str = "standin",
     latency_s: float = 0.05,
+    preempt_every: Optional[int] = None,
     parameter_sync_step: int = SEPARATE_PARAMETER_SYNC_STEP,
     model_dir: Optional[str] = None,
     overrides: Sequence[str] = (),
@@ -438,7 +441,10 @@ def run_v1(
     updates per step; ``prompts`` must be a multiple, each update samples
     ``prompts / parameter_sync_step`` prompts). ``validate`` defaults to False here (one
     validation pass at the last step when True). The advantage estimator is GRPO (no critic
-    stand-in for v1).
+    stand-in for v1). ``preempt_every`` (stand-in server only): every k-th engine request
+    is interrupted mid-decode and comes back aborted, so the async modes' resuming client
+    shows its partial rollouts; default 7 in the async modes, 0 (never) in sync, whose
+    plain client does not resume.
     """
     t_start = time.time()
     if mode not in MODES:
@@ -467,7 +473,7 @@ def run_v1(
         label="run_v1", config=config, fit=_fit_v1, runner_cls=TaskRunnerV1StandIn, runtime_env=env,
         on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
         trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
-        server_kwargs={"latency_s": latency_s}, on_fit=on_fit,
+        server_kwargs=_server_kwargs(mode, server, latency_s, preempt_every), on_fit=on_fit,
     )
 
     summary = summarize_v1(out, fit_result, mode=mode, agent=agent, steps=steps, prompts=prompts, n=n)
@@ -578,6 +584,15 @@ def format_summary(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _server_kwargs(mode: str, server: str, latency_s: float, preempt_every: Optional[int]) -> Dict[str, Any]:
+    kwargs: Dict[str, Any] = {"latency_s": latency_s}
+    if preempt_every is None:
+        preempt_every = 0 if mode == "sync" else DEFAULT_PREEMPT_EVERY
+    if preempt_every and server == "standin":
+        kwargs["preempt_every"] = int(preempt_every)
+    return kwargs
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m otel_verl.demo.harness_v1",
@@ -593,6 +608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--agent-workers", type=int, default=2)
     parser.add_argument("--server", choices=("standin", "sglang"), default="standin")
     parser.add_argument("--latency", type=float, default=0.05, help="simulated engine latency per request (s)")
+    parser.add_argument("--preempt-every", type=int, default=None,
+                        help="stand-in server: abort every k-th request mid-decode (default 7 in async modes, 0: never)")
     parser.add_argument("--parameter-sync-step", type=int, default=SEPARATE_PARAMETER_SYNC_STEP)
     parser.add_argument("--trainer-in-actor", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="stream Ray worker logs")
@@ -601,7 +618,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     summary = run_v1(
         args.out, mode=args.mode, steps=args.steps, prompts=args.prompts, n=args.n, agent=args.agent,
         validate=args.validate, agent_workers=args.agent_workers, server=args.server, latency_s=args.latency,
-        parameter_sync_step=args.parameter_sync_step, overrides=args.overrides,
+        preempt_every=args.preempt_every, parameter_sync_step=args.parameter_sync_step, overrides=args.overrides,
         trainer_in_actor=args.trainer_in_actor, log_to_driver=args.verbose,
     )
     print("=" * 80)

@@ -245,11 +245,16 @@ class TokenizerManagerStandIn:
         per_token_latency_s: float = 0.0005,
         policy: Optional[ScriptedPolicyStandIn] = None,
         enable_metrics: bool = False,
+        preempt_every: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.enable_metrics = bool(enable_metrics)
         self.latency_s = float(latency_s)
         self.per_token_latency_s = float(per_token_latency_s)
+        # every k-th request is interrupted halfway through its decode and comes back
+        # aborted with its tokens so far, as a weight sync's abort does (0: never)
+        self.preempt_every = int(preempt_every)
+        self._started = 0
         self.policy = policy or ScriptedPolicyStandIn()
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         self.released_tags: set = set()
@@ -312,11 +317,16 @@ class TokenizerManagerStandIn:
             prefill_s = self.latency_s * 0.3
             decode_s = self.latency_s * 0.7 + self.per_token_latency_s * len(output_ids)
             abort_epoch = self._abort_epoch
+            self._started += 1
+            preempted = self.preempt_every > 0 and self._started % self.preempt_every == 0
             await asyncio.sleep(prefill_s)
             prefill_finished_ts = time.time()
-            if await self._sleep_unless_aborted(decode_s, abort_epoch):
-                # pause_generation(mode="abort") hit this request mid-decode: return the tokens
-                # "decoded" so far with finish reason abort, as sglang does for partial rollout
+            if preempted:
+                await asyncio.sleep(decode_s / 2)
+            if preempted or await self._sleep_unless_aborted(decode_s, abort_epoch):
+                # pause_generation(mode="abort") (or a preemption) hit this request mid-decode:
+                # return the tokens "decoded" so far with finish reason abort, as sglang does
+                # for partial rollout
                 done = int(len(output_ids) * min(1.0, (time.time() - prefill_finished_ts) / max(decode_s, 1e-6)))
                 self.stats["aborted"] += 1
                 out = _aborted_output(rid, output_ids[:done], received_ts, self.enable_metrics)
@@ -416,6 +426,7 @@ class LLMServerStandIn:
         per_token_latency_s: float = 0.0005,
         meta_info_history: int = 4096,
         server_port: Optional[int] = None,
+        preempt_every: int = 0,
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -430,7 +441,7 @@ class LLMServerStandIn:
         self.tokenizer = AutoTokenizer.from_pretrained(_model_path(model_config))
         self.tokenizer_manager = TokenizerManagerStandIn(
             self.tokenizer, latency_s=latency_s, per_token_latency_s=per_token_latency_s,
-            enable_metrics=sglang_enable_metrics(config),
+            enable_metrics=sglang_enable_metrics(config), preempt_every=preempt_every,
         )
         # model weights version, set through set_global_steps when weights are "updated"
         self.global_steps: Optional[int] = None
