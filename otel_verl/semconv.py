@@ -86,6 +86,8 @@ PPO_MINI_BATCH_SIZE = "verl.ppo_mini_batch_size"
 NUM_MINIBATCHES = "verl.num_minibatches"
 NUM_TURNS = "verl.num_turns"
 LLM_REQUEST_ID = "verl.llm.request_id"
+LLM_ATTEMPT_NUMBER = "verl.llm.attempt_number"  # 1, 2, ...: which engine request of a resumed turn
+LLM_ATTEMPTS = "verl.llm.attempts"  # on a resumed turn: how many engine requests it took
 LLM_SERVER_ID = "verl.llm.server_id"
 LLM_SERVER_META_PREFIX = "verl.llm.server."  # + a numeric sglang/vLLM meta_info key
 
@@ -141,6 +143,7 @@ class Subject(enum.Enum):
     PROMPT_TASK = "prompt_task"  # worker (v1): one prompt's task running its sessions
     TRAJECTORY = "trajectory"  # worker: one (uid, traj_uid) agent run (invoke_agent)
     LLM_CALL = "llm_call"  # worker: one generate call (chat / text_completion)
+    LLM_ATTEMPT = "llm_attempt"  # worker: one engine request of a resumed LLM call
     LLM_SERVER = "llm_server"  # server actor: the server side of one generate call
     TOOL = "tool"  # worker: one tool execution (execute_tool)
     REWARD = "reward"  # worker: reward computation of one trajectory
@@ -154,6 +157,7 @@ SPAN_SAMPLE = "verl.sample"
 SPAN_ROLLOUT = "verl.rollout"
 SPAN_PROMPT_TASK = "verl.prompt_task"
 SPAN_LLM_SERVER = "verl.llm_server.generate"
+SPAN_LLM_ATTEMPT = "verl.llm.attempt"
 SPAN_REWARD = "verl.reward"
 SPAN_REWARD_WORKER = "verl.reward_worker.compute_score"
 

@@ -210,16 +210,22 @@ class Turn(SpanScope):
 
     key = _TURN_KEY
 
-    def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None) -> None:
+    def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
+                 sample_attributes: Optional[Dict[str, Any]] = None) -> None:
         super().__init__(span)
         self.data = data
         self._traj_data = traj_data
+        self._sample_attributes = sample_attributes or {}
         self._carrier: Optional[Dict[str, str]] = None
+        self.resumes = False  # generate calls inside this one are its attempts
+        self.attempts = 0  # engine requests made for this turn by a resuming client
 
     def value(self) -> "Turn":
         return self
 
     def _ending(self, error: Optional[BaseException]) -> None:
+        if self.attempts:
+            self.span.set_attribute(sc.LLM_ATTEMPTS, self.attempts)
         if error is not None and self._traj_data is not None:
             # A generate call that raised is no turn of the trajectory (the legacy JSONL
             # only ever recorded calls that returned); its span keeps the error.
@@ -271,6 +277,65 @@ class Turn(SpanScope):
     def _capture_content(self, data: TurnData) -> None:
         """Opt-in message content (see :class:`_CapturingTurn`)."""
 
+    def attempt(self, prompt_ids: Sequence[int], request_id: Optional[str]) -> ContextManager["Attempt"]:
+        """One engine request of this turn, made by a client that resumes an interrupted
+        request (verl's ``FullyAsyncLLMServerClient``) until the turn is whole."""
+        self.attempts += 1
+        attrs: Dict[str, Any] = {
+            sc.LLM_ATTEMPT_NUMBER: self.attempts,
+            sc.GEN_AI_USAGE_INPUT_TOKENS: len(prompt_ids),
+            **self._sample_attributes,
+        }
+        if request_id:
+            attrs[sc.LLM_REQUEST_ID] = _text(request_id)
+        span = _start(sc.SPAN_LLM_ATTEMPT, Subject.LLM_ATTEMPT, None, attrs, kind=SpanKind.CLIENT)
+        return Attempt(span, self.data)
+
+
+class Attempt(SpanScope):
+    """One engine request of a resumed turn: a child of the turn's span and the parent of
+    the server's span. The turn keeps the whole completion; the first attempt's server
+    timing stands for the turn (its queue and first token are the turn's)."""
+
+    key = _TURN_KEY  # the request id the client sends carries this span's context
+
+    def __init__(self, span: Any, turn_data: Optional[TurnData]) -> None:
+        super().__init__(span)
+        self._turn_data = turn_data
+        self._carrier: Optional[Dict[str, str]] = None
+
+    def value(self) -> "Attempt":
+        return self
+
+    def carrier(self) -> Dict[str, str]:
+        if self._carrier is None:
+            self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
+        return self._carrier
+
+    def finish(
+        self,
+        completion_ids: Sequence[int] = (),
+        *,
+        stop_reason: Any = None,
+        output_tokens: Optional[int] = None,
+        server_meta: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        """The attempt's response: its tokens and why it stopped (``abort`` when the
+        engine was interrupted) on its span (never raises: a failure is counted)."""
+        if self.span is None:
+            return
+        try:
+            count = output_tokens if output_tokens is not None else len(completion_ids or ())
+            attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
+            if stop_reason:
+                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(str(stop_reason)),)
+            self.span.set_attributes(attrs)
+            data = self._turn_data
+            if server_meta and data is not None and not data.server_meta:
+                data.server_meta.update(server_meta)
+        except Exception as exc:
+            health.record_failure("worker.Attempt.finish", exc)
+
 
 class _CapturingTurn(Turn):
     """A :class:`Turn` while content capture is on. Input: the chat messages the agent
@@ -281,7 +346,7 @@ class _CapturingTurn(Turn):
     the whole prompt (the turn's data keeps only the part the outputs read)."""
 
     def __init__(self, span: Any, data: TurnData, traj: "_TrajectoryScope", prompt: Any, messages: Any) -> None:
-        super().__init__(span, data, traj.data)
+        super().__init__(span, data, traj.data, traj.sample_attributes)
         self._traj = traj
         self._prompt = prompt
         self._messages = messages  # (list, count) or None
@@ -333,8 +398,21 @@ def llm_call(
     max_tokens: Optional[int] = None,
     temperature: Optional[float] = None,
     top_p: Optional[float] = None,
+    resumes: bool = False,
 ) -> ContextManager[Turn]:
-    """One generate call of the current trajectory (GenAI ``chat``/``text_completion``)."""
+    """One generate call of the current trajectory (GenAI ``chat``/``text_completion``).
+
+    ``resumes``: the caller completes an interrupted request by making more generate
+    calls inside this one (verl's ``FullyAsyncLLMServerClient``); each of them is an
+    :class:`Attempt` of this turn: one turn, one span, one row pair and one JSONL turn
+    however often it was resumed."""
+    outer = _core.current(_TURN_KEY)
+    if isinstance(outer, Turn) and outer.resumes and outer.span is not None:
+        try:
+            return outer.attempt(prompt_ids, request_id)
+        except Exception as exc:
+            health.record_failure("events.llm_attempt", exc)
+            return _UNTRACED_TURN
     traj = _active_traj()
     if traj is None:
         return _UNTRACED_TURN
@@ -369,8 +447,11 @@ def llm_call(
     turns.append(data)
     if _capturing_content():
         messages, traj.next_messages = traj.next_messages, None  # for this call only
-        return _CapturingTurn(span, data, traj, prompt_ids, messages)
-    return Turn(span, data, traj.data)
+        turn: Turn = _CapturingTurn(span, data, traj, prompt_ids, messages)
+    else:
+        turn = Turn(span, data, traj.data, traj.sample_attributes)
+    turn.resumes = resumes
+    return turn
 
 
 @health.guarded(default=None)
@@ -514,5 +595,5 @@ def current_trajectory() -> Optional[TrajectoryData]:
     return traj.data if traj is not None else None
 
 
-def current_turn() -> Optional[Turn]:
+def current_turn() -> "Turn | Attempt | None":
     return _core.current(_TURN_KEY)

@@ -1,9 +1,12 @@
 """LLM turns, captured at verl's LLM client so every agent loop gets turn spans.
 
 ``LLMServerClient.generate`` is what SingleTurnAgentLoop, ToolAgentLoop and custom agent
-loops call for each turn (in the rollout worker). The turn's context goes to the server
-as a suffix of the engine request id (:func:`otel_verl.carriers.tag_request_id`); the
-server's timing comes back in ``extra_fields`` and is popped here.
+loops call for each turn (in the rollout worker). The async trainers' client,
+``FullyAsyncLLMServerClient.generate``, resumes an interrupted request by calling the
+plain client again: both are wrapped, and the inner calls are attempts of the outer
+turn. The turn's (or attempt's) context goes to the server as a suffix of the
+engine request id (:func:`otel_verl.carriers.tag_request_id`); the server's timing comes
+back in ``extra_fields`` and is popped here.
 """
 
 from __future__ import annotations
@@ -40,37 +43,44 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
     return result
 
 
-async def _generate(wrapped, instance, args, kwargs):
-    try:
-        _, values = arguments(wrapped, instance, args, kwargs)
-        params = values.get("sampling_params") or {}
-        prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
-        model, provider = _model_and_provider(instance)
-        call = events.llm_call(
-            prompt_ids or (),
-            model=model,
-            provider=provider,
-            request_id=str(request_id),
-            max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
-            temperature=params.get("temperature"),
-            top_p=params.get("top_p"),
-        )
-    except Exception as exc:
-        health.record_failure("llm_client.generate", exc)
-        output = await wrapped(*args, **kwargs)
-        _pop_server_meta(output)
-        return output
-    with call as turn:
-        output = await wrapped(*args, **kwargs)
-        server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
-        output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
-        turn.finish(
-            getattr(output, "token_ids", ()) or (),
-            stop_reason=getattr(output, "stop_reason", None),
-            output_tokens=output_tokens,
-            server_meta=server_meta,
-        )
-        return output
+def _turn(resumes: bool):
+    """The wrapper of a client's generate; ``resumes``: the client calls the plain
+    client again for an aborted request, and those calls are attempts of this turn."""
+
+    async def wrapper(wrapped, instance, args, kwargs):
+        try:
+            _, values = arguments(wrapped, instance, args, kwargs)
+            params = values.get("sampling_params") or {}
+            prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
+            model, provider = _model_and_provider(instance)
+            call = events.llm_call(
+                prompt_ids or (),
+                model=model,
+                provider=provider,
+                request_id=str(request_id),
+                max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
+                temperature=params.get("temperature"),
+                top_p=params.get("top_p"),
+                resumes=resumes,
+            )
+        except Exception as exc:
+            health.record_failure("llm_client.generate", exc)
+            output = await wrapped(*args, **kwargs)
+            _pop_server_meta(output)
+            return output
+        with call as turn:
+            output = await wrapped(*args, **kwargs)
+            server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
+            output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
+            turn.finish(
+                getattr(output, "token_ids", ()) or (),
+                stop_reason=getattr(output, "stop_reason", None),
+                output_tokens=output_tokens,
+                server_meta=server_meta,
+            )
+            return output
+
+    return wrapper
 
 
 def _pop_server_meta(output: Any) -> "dict | None":
@@ -91,6 +101,9 @@ def _engine_request_id(wrapped, instance, args, kwargs):
 
 
 HOOKS = [
-    Hook(LLM_SERVER, "LLMServerClient.generate", _generate, ("request_id", "prompt_ids", "sampling_params"), COMPONENT),
+    Hook(LLM_SERVER, "LLMServerClient.generate", _turn(resumes=False), ("request_id", "prompt_ids", "sampling_params"),
+         COMPONENT),
+    Hook(LLM_SERVER, "FullyAsyncLLMServerClient.generate", _turn(resumes=True),
+         ("request_id", "prompt_ids", "sampling_params"), COMPONENT),
     Hook(LLM_SERVER, "LLMServerClient._vllm_request_id", _engine_request_id, ("request_id",), COMPONENT),
 ]
