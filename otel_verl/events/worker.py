@@ -204,11 +204,26 @@ def trajectory_score(score: Any) -> None:
         traj.data.reward_score = float(score)
 
 
-class Turn(SpanScope):
-    """What :func:`llm_call` yields (the ``with`` block of the call's span): the caller
-    reports the response through it."""
+class _EngineRequest(SpanScope):
+    """A span whose context goes to the LLM server with the engine request: a turn, or
+    an attempt of a resumed one (the ``_TURN_KEY`` value while it runs)."""
 
     key = _TURN_KEY
+
+    def __init__(self, span: Any) -> None:
+        super().__init__(span)
+        self._carrier: Optional[Dict[str, str]] = None
+
+    def carrier(self) -> Dict[str, str]:
+        """W3C headers of this span, for the server side (``traceparent``...)."""
+        if self._carrier is None:
+            self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
+        return self._carrier
+
+
+class Turn(_EngineRequest):
+    """What :func:`llm_call` yields (the ``with`` block of the call's span): the caller
+    reports the response through it."""
 
     def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
                  sample_attributes: Optional[Dict[str, Any]] = None) -> None:
@@ -216,7 +231,6 @@ class Turn(SpanScope):
         self.data = data
         self._traj_data = traj_data
         self._sample_attributes = sample_attributes or {}
-        self._carrier: Optional[Dict[str, str]] = None
         self.resumes = False  # generate calls inside this one are its attempts
         self.attempts = 0  # engine requests made for this turn by a resuming client
 
@@ -235,12 +249,6 @@ class Turn(SpanScope):
         data = self.data
         if data is not None and not data.end_ts:
             data.end_ts = time.time()
-
-    def carrier(self) -> Dict[str, str]:
-        """W3C headers of this turn's span, for the server side (``traceparent``...)."""
-        if self._carrier is None:
-            self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
-        return self._carrier
 
     def finish(
         self,
@@ -292,25 +300,17 @@ class Turn(SpanScope):
         return Attempt(span, self.data)
 
 
-class Attempt(SpanScope):
+class Attempt(_EngineRequest):
     """One engine request of a resumed turn: a child of the turn's span and the parent of
     the server's span. The turn keeps the whole completion; the first attempt's server
     timing stands for the turn (its queue and first token are the turn's)."""
 
-    key = _TURN_KEY  # the request id the client sends carries this span's context
-
     def __init__(self, span: Any, turn_data: Optional[TurnData]) -> None:
         super().__init__(span)
         self._turn_data = turn_data
-        self._carrier: Optional[Dict[str, str]] = None
 
     def value(self) -> "Attempt":
         return self
-
-    def carrier(self) -> Dict[str, str]:
-        if self._carrier is None:
-            self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
-        return self._carrier
 
     def finish(
         self,
