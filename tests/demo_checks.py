@@ -53,3 +53,14 @@ def by_id(spans):
 
 def children(spans, parent, name_prefix=""):
     return [s for s in spans if s["parentSpanId"] == parent["spanId"] and s["name"].startswith(name_prefix)]
+
+
+def descendants(spans, root):
+    """Every span below ``root`` (children, their children, ...)."""
+    out, todo = [], [root["spanId"]]
+    while todo:
+        parent = todo.pop()
+        kids = [s for s in spans if s["parentSpanId"] == parent]
+        out += kids
+        todo += [k["spanId"] for k in kids]
+    return out

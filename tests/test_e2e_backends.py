@@ -48,6 +48,8 @@ else:
 from otel_verl.exporters.otlp_json_file import spans_from_files
 from otel_verl.ids import trace_id_for_uid
 
+from demo_checks import descendants
+
 pytestmark = pytest.mark.timeout(900)
 
 REPO = ob.REPO_ROOT
@@ -112,16 +114,6 @@ def _from_jaeger(otlp_json) -> list:
 
 def _children(spans, parent, prefix=""):
     return [s for s in spans if s["parentSpanId"] == parent["spanId"] and s["name"].startswith(prefix)]
-
-
-def _descendants(spans, root):
-    out, todo = [], [root["spanId"]]
-    while todo:
-        parent = todo.pop()
-        kids = [s for s in spans if s["parentSpanId"] == parent]
-        out += kids
-        todo += [k["spanId"] for k in kids]
-    return out
 
 
 # --------------------------------------------------------------------------- 1. demo -> otelcol -> Jaeger + files
@@ -253,7 +245,7 @@ def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_
         assert traj["resource"]["process.pid"] != trainer_pid
         assert traj["attributes"]["gen_ai.operation.name"] == "invoke_agent"
         assert traj["attributes"]["gen_ai.conversation.id"] == f"{uid}/{traj['attributes']['verl.traj_uid']}"
-        subtree = _descendants(spans, traj)
+        subtree = descendants(spans, traj)
         assert len(subtree) + 1 == SPANS_PER_TRAJECTORY
         assert {s["resource"]["verl.role"] for s in subtree} == {"agent_loop_worker", "llm_server"}
         run = traj  # the agent run is no span: its turns and tools are the trajectory's children
@@ -703,7 +695,7 @@ def _check_two_nodes(result: dict, dirs: tuple, run_id: str) -> None:
         [srv] = _children(mine, chat, "verl.llm_server.generate")  # node 1 -> parent on node 2
         assert srv["resource"]["ray.node_id"] == node1 and srv["resource"]["verl.role"] == "llm_server"
         [reward] = _children(mine, traj, "verl.reward")
-        assert len(_descendants(mine, traj)) == 3  # chat, its server span, reward (the agent run is no span)
+        assert len(descendants(mine, traj)) == 3  # chat, its server span, reward (the agent run is no span)
     [stage] = _children(mine, root, "verl.sample_stage old_log_prob")
     assert stage["resource"]["ray.node_id"] == node1
     assert all(s["parentSpanId"] is None or s["parentSpanId"] in by_id for s in mine)

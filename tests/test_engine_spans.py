@@ -16,6 +16,8 @@ from otel_verl import carriers, events, semconv as sc
 from otel_verl.demo import engine_spans_standin as standin
 from otel_verl.instrumentation import hooks, llm_server
 
+from demo_checks import descendants
+
 VLLM_MODULE = llm_server.VLLM_ASYNC_LLM
 
 
@@ -257,19 +259,9 @@ def test_engine_spans_reach_the_files_and_jaeger_inside_the_uids_trace(make_pipe
         assert sglang_root[0]["parentSpanId"] in {c["spanId"] for c in chats}
         assert vllm_request[0]["parentSpanId"] in {c["spanId"] for c in chats}
         assert sglang_root[0]["parentSpanId"] != vllm_request[0]["parentSpanId"]
-        sglang_tree = _descendants(spans, sglang_root[0])
+        sglang_tree = descendants(spans, sglang_root[0])
         assert {s["name"] for s in sglang_tree} >= {"tokenize", "prefill_forward", "decode_forward", "decode_loop"}
         assert {s["resource"]["service.name"] for s in sglang_tree} == {"sglang"}
-
-
-def _descendants(spans, root):
-    out, todo = [], [root["spanId"]]
-    while todo:
-        parent = todo.pop()
-        kids = [s for s in spans if s["parentSpanId"] == parent]
-        out += kids
-        todo += [k["spanId"] for k in kids]
-    return out
 
 
 @pytest.mark.e2e
