@@ -56,8 +56,9 @@ REPO = ob.REPO_ROOT
 PYTHON = sys.executable
 STEPS, PROMPTS, N = 1, 2, 2  # the smallest demo with more than one uid and trajectory
 # per trajectory (tool agent): invoke_agent, 2 x (chat + verl.llm_server.generate),
-# execute_tool, verl.reward (the agent run is no span)
-SPANS_PER_TRAJECTORY = 7
+# execute_tool, verl.reward + its reward actor's verl.reward_worker.compute_score (the
+# agent run is no span)
+SPANS_PER_TRAJECTORY = 8
 SAMPLE_STAGES = {"reward", "old_log_prob", "ref_log_prob", "adv", "update_actor"}
 SPANS_PER_UID = 2 + N * SPANS_PER_TRAJECTORY + len(SAMPLE_STAGES)  # + verl.sample, verl.rollout
 CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
@@ -212,7 +213,8 @@ def test_demo_spans_in_jaeger_are_the_embedded_spans(demo_through_collector):
     assert all(per_trace["%032x" % trace_id_for_uid(uid)] == SPANS_PER_UID for uid in d.sample_uids)
     # a service per role in one namespace, an instance per process
     assert {(s["resource"]["verl.role"], s["resource"]["service.name"]) for s in in_jaeger} == {
-        ("trainer", "verl-trainer"), ("agent_loop_worker", "verl-rollout-worker"), ("llm_server", "verl-llm-server")}
+        ("trainer", "verl-trainer"), ("agent_loop_worker", "verl-rollout-worker"), ("llm_server", "verl-llm-server"),
+        ("reward_worker", "verl-reward-worker")}
     assert {s["resource"]["service.namespace"] for s in in_jaeger} == {"verl"}
     instances = {(s["resource"]["process.pid"], s["resource"]["service.instance.id"]) for s in in_jaeger}
     assert len(instances) == len({pid for pid, _ in instances}) == len({iid for _, iid in instances}) >= 3
@@ -247,7 +249,7 @@ def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_
         assert traj["attributes"]["gen_ai.conversation.id"] == f"{uid}/{traj['attributes']['verl.traj_uid']}"
         subtree = descendants(spans, traj)
         assert len(subtree) + 1 == SPANS_PER_TRAJECTORY
-        assert {s["resource"]["verl.role"] for s in subtree} == {"agent_loop_worker", "llm_server"}
+        assert {s["resource"]["verl.role"] for s in subtree} == {"agent_loop_worker", "llm_server", "reward_worker"}
         run = traj  # the agent run is no span: its turns and tools are the trajectory's children
         chats = _children(spans, run, "chat ")
         assert len(chats) == 2
@@ -269,12 +271,14 @@ def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_
         assert tool["attributes"]["gen_ai.tool.name"] == "calculator"
         [reward] = _children(spans, traj, "verl.reward")
         assert "verl.reward.score" in reward["attributes"]
+        [scoring] = _children(spans, reward, "verl.reward_worker.compute_score")  # parent by carrier in the reward data
+        assert scoring["resource"]["verl.role"] == "reward_worker" and scoring["kind"] == 2  # SERVER
     assert server_pids and trainer_pid not in server_pids
     stages = _children(spans, root, "verl.sample_stage")
     assert {s["attributes"]["verl.stage"] for s in stages} == SAMPLE_STAGES
     assert all(s["resource"]["verl.role"] == "trainer" for s in stages)
-    # three kinds of process took part, each with its resource
-    assert {s["resource"]["verl.role"] for s in spans} == {"trainer", "agent_loop_worker", "llm_server"}
+    # four kinds of process took part, each with its resource
+    assert {s["resource"]["verl.role"] for s in spans} == {"trainer", "agent_loop_worker", "llm_server", "reward_worker"}
 
 
 @pytest.mark.verl
@@ -319,7 +323,8 @@ def test_jaeger_lists_a_service_per_role(demo_through_collector):
     the LLM server's spans under their own."""
     d = demo_through_collector
     sample_traces = {"%032x" % trace_id_for_uid(u) for u in d.sample_uids}
-    assert sorted(d.jaeger.services()) == ["verl-llm-server", "verl-rollout-worker", "verl-trainer"]
+    assert sorted(d.jaeger.services()) == ["verl-llm-server", "verl-reward-worker", "verl-rollout-worker", "verl-trainer"]
+    assert d.jaeger.operations("verl-reward-worker") == [{"name": "verl.reward_worker.compute_score", "spanKind": "server"}]
     assert d.jaeger.operations("verl-llm-server") == [{"name": "verl.llm_server.generate", "spanKind": "server"}]
     rollout_operations = {op["name"] for op in d.jaeger.operations("verl-rollout-worker")}
     assert {"verl.llm_server.generate", "verl.sample", "verl.step"}.isdisjoint(rollout_operations)
