@@ -766,7 +766,10 @@ def install_otel_verl() -> List[str]:
 
     mod = __name__
     table = []
-    skip = {"RayPPOTrainer.fit", "AgentLoopWorker.__init__", "AgentLoopWorker._postprocess"}
+    skip = {"RayPPOTrainer.fit", "AgentLoopWorker.__init__", "AgentLoopWorker._postprocess",
+            # not on the v0 path with sglang measured here: the async trainers' resuming
+            # client, vLLM's engine, and the message hook that only works with content capture
+            "FullyAsyncLLMServerClient.generate", "AsyncLLM.generate", "ToolAgentLoop._handle_generating_state"}
     for hook in [*trainer_v0.HOOKS, *agent_loop.HOOKS, *llm_client.HOOKS, *llm_server.HOOKS]:
         if hook.target in skip or hook.target.startswith("vLLMHttpServer"):
             continue
