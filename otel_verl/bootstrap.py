@@ -8,7 +8,9 @@ TracerProvider whose spans feed, depending on the settings:
 - the legacy outputs (sample-flow CSV, progress log, trajectory JSONL) when a trace dir
   is set; progress lines go to stdout whenever tracing is on;
 - the embedded default, ``{trace_dir}/otlp/*.jsonl`` in the Collector file exporter's
-  line format, when there is a trace dir and no endpoint.
+  line format, when there is a trace dir and no endpoint;
+- metrics derived from the spans (:mod:`otel_verl.exporters.metrics`), sent where the spans
+  go: OTLP to the endpoint, else ``{trace_dir}/otlp-metrics/*.jsonl`` (``OTEL_METRICS_EXPORTER``).
 
 Sampling is per sample: the standard ``OTEL_TRACES_SAMPLER`` decides on the uid-derived
 trace id, but a sample it drops is still *recorded* so the legacy outputs stay complete;
@@ -177,11 +179,107 @@ def output_processors(cfg: settings_mod.Settings) -> List[Any]:
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
         processors.append(_batch_processor(exporter, "otlp_json_file", cfg.shutdown_timeout_s))
+    metrics = _metrics_processor(cfg)
+    if metrics is not None:
+        processors.append(metrics)
     if cfg.otlp_endpoint:
         # last: a collector that does not answer takes what is left of the shutdown
         # deadline, not the files' share of it
         processors.append(_batch_processor(_otlp_exporter(), "otlp", cfg.shutdown_timeout_s))
     return processors
+
+
+METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+_METRICS_EXPORTERS = ("otlp", "console", "none")
+# beside otlp/, whose files every span reader (report, replay) takes for spans only
+METRICS_FILES_DIR = "otlp-metrics"
+
+
+def _metrics_processor(cfg: settings_mod.Settings) -> Any:
+    """The span processor deriving metrics from the spans (``docs/SPANS.md``, "Metrics"),
+    exporting them as ``OTEL_METRICS_EXPORTER`` says (default ``otlp``): OTLP to the metrics
+    endpoint (else the traces' one), else the OTLP-JSON files beside the spans'; ``None``
+    when there is nowhere to send them."""
+    names = [n.strip() for n in (os.environ.get(METRICS_EXPORTER) or "otlp").lower().split(",") if n.strip()]
+    unknown = [n for n in names if n not in _METRICS_EXPORTERS]
+    if unknown:
+        logger.error("otel_verl: %s=%s: unknown exporter %s (expected otlp, console or none); no metrics",
+                     METRICS_EXPORTER, os.environ.get(METRICS_EXPORTER), ", ".join(unknown))
+        return None
+    endpoint = _metrics_endpoint()
+    wanted = []
+    if "otlp" in names and endpoint:
+        wanted.append("otlp")
+    if "otlp" in names and cfg.write_otlp_files:
+        wanted.append("files")
+    if "console" in names:
+        wanted.append("console")
+    if not wanted:
+        return None
+    from otel_verl.exporters.metrics import SpanMetricsProcessor
+
+    return SpanMetricsProcessor(lambda: _metric_readers(cfg, wanted, endpoint),
+                                shutdown_timeout_s=cfg.shutdown_timeout_s)
+
+
+def _metrics_endpoint() -> Optional[str]:
+    """``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``, else
+    the traces' own endpoint (its ``/v1/traces`` path made ``/v1/metrics``): the metrics go
+    where the traces go unless told otherwise."""
+    endpoint = os.environ.get(OTLP_METRICS_ENDPOINT) or os.environ.get(settings_mod.OTLP_ENDPOINT)
+    if endpoint:
+        return endpoint
+    traces = os.environ.get(settings_mod.OTLP_TRACES_ENDPOINT)
+    if not traces:
+        return None
+    return traces[: -len("/v1/traces")] + "/v1/metrics" if traces.rstrip("/").endswith("/v1/traces") else traces
+
+
+def _metric_readers(cfg: settings_mod.Settings, wanted: List[str], endpoint: Optional[str]) -> List[Any]:
+    """Periodic readers (``OTEL_METRIC_EXPORT_INTERVAL``, read by the SDK) of the exporters
+    in ``wanted``."""
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    readers = []
+    for name in wanted:
+        try:
+            if name == "otlp":
+                exporter = _otlp_metric_exporter(endpoint)
+            elif name == "files":
+                from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
+
+                exporter = OtlpJsonMetricFileExporter(os.path.join(cfg.trace_dir, METRICS_FILES_DIR))
+            else:
+                exporter = ConsoleMetricExporter()
+            readers.append(PeriodicExportingMetricReader(exporter))
+        except Exception as exc:  # the spans' outputs go on without these metrics
+            health.record_failure(f"metrics.{name}", exc)
+    return readers
+
+
+def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:
+    """The SDK's OTLP metric exporter the standard variables ask for; ``endpoint`` given
+    only when it is not the exporter's own variable (the traces' endpoint reused)."""
+    protocol = ""
+    for variable in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = (os.environ.get(variable) or "").strip()
+        if protocol:
+            break
+    if not protocol:
+        protocol = "http/protobuf" if endpoint and (":4318" in endpoint or "/v1/" in endpoint) else "grpc"
+    own = os.environ.get(OTLP_METRICS_ENDPOINT)
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    elif protocol in ("http/protobuf", "http/json"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        if not own and not os.environ.get(settings_mod.OTLP_ENDPOINT):
+            return OTLPMetricExporter(endpoint=endpoint)  # a full URL, from the traces' one
+        return OTLPMetricExporter()
+    else:
+        raise ValueError(f"OTLP protocol {protocol!r}: expected grpc or http/protobuf")
+    return OTLPMetricExporter() if own or os.environ.get(settings_mod.OTLP_ENDPOINT) else OTLPMetricExporter(endpoint=endpoint)
 
 
 EXPORT_PROCESS_SHARE = 0.75

@@ -285,7 +285,7 @@ def test_created_files_and_directories_are_never_world_writable(tmp_path):
     """
     w.run_python(code, {"VERL_TRACE_DIR": str(root / "trace")})
     modes = {**_modes(tmp_path / "deep"), **_modes(disc)}
-    assert len([p for p in modes if p.endswith((".csv", ".log", ".jsonl"))]) == 4  # csv, progress, jsonl, otlp
+    assert len([p for p in modes if p.endswith((".csv", ".log", ".jsonl"))]) == 5  # csv, progress, jsonl, otlp spans and metrics
     assert sorted(os.listdir(disc)) == ["progress.txt", "sample.txt", "trajectory.txt"]
     world_writable = {p: oct(m) for p, m in modes.items() if m & stat.S_IWOTH}
     assert not world_writable

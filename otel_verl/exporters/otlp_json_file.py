@@ -44,8 +44,11 @@ _JSON_SEPARATORS = (",", ":")  # compact, as the Collector writes
 class OtlpJsonFileExporter(SpanExporter):
     """Appends one whole ``{"resourceSpans":[...]}`` line per export batch."""
 
-    def __init__(self, directory: str, *, max_file_bytes: int = 100 * 1024 * 1024) -> None:
+    def __init__(self, directory: str, *, max_file_bytes: int = 100 * 1024 * 1024, prefix: str = "spans",
+                 output: str = _OUTPUT) -> None:
         self.directory = directory
+        self.prefix = prefix  # file names: {prefix}-{hostname}-pid{pid}[-{index}].jsonl
+        self.output = output  # the name its failures are counted under
         self.max_file_bytes = max_file_bytes
         self._host = socket.gethostname()
         self._lock = threading.Lock()  # the BSP thread and a force_flush caller may both export
@@ -64,15 +67,19 @@ class OtlpJsonFileExporter(SpanExporter):
         except Exception as exc:
             health.record_failure(f"{_OUTPUT}.encode", exc)
             return SpanExportResult.FAILURE
+        # the caller (LossCountingProcessor) counts the spans of a batch not written as dropped
+        return SpanExportResult.SUCCESS if self.append_line(data) else SpanExportResult.FAILURE
+
+    def append_line(self, data: bytes) -> bool:
+        """Append one whole encoded line; False (the failure counted) when it was not written."""
         with self._lock:
             try:
                 self._append(data)
             except Exception as exc:  # OSError mostly: disk full, no directory, ...
-                # the caller (LossCountingProcessor) counts the batch's spans as dropped
-                health.record_failure(f"{_OUTPUT}.write", exc)
+                health.record_failure(f"{self.output}.write", exc)
                 self._close()
-                return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+                return False
+        return True
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # every export is written before it returns
@@ -102,7 +109,7 @@ class OtlpJsonFileExporter(SpanExporter):
         make_dirs(self.directory)
         while True:
             suffix = f"-{self._index}" if self._index else ""
-            path = os.path.join(self.directory, f"spans-{self._host}-pid{pid}{suffix}.jsonl")
+            path = os.path.join(self.directory, f"{self.prefix}-{self._host}-pid{pid}{suffix}.jsonl")
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             size = os.fstat(fd).st_size
             # an earlier process with the same pid may have filled this one already

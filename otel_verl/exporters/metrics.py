@@ -1,0 +1,273 @@
+"""Metrics derived from the spans: a span processor recording into an OTel MeterProvider.
+
+Data flows one way: the spans are the record, and these metrics are aggregates of them, so
+they come from the span ends in the process that writes the other outputs (the export
+process where a rollout worker offloads them). What is recorded, with which attributes, is
+the "Metrics" section of ``docs/SPANS.md``. Attributes are the few low-cardinality ones a
+dashboard groups by (stage, agent, model, tool, outcome); never a uid, traj_uid or step.
+
+The MeterProvider is built on the first span end, with that span's resource (in an export
+process, the served process's), so the metrics and the traces name the same service. It also
+observes otel_verl's own loss and failure counters (:mod:`otel_verl.health`) at every
+collection, so a loss shows in the backend while the run goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+from otel_verl import health, semconv as sc, server_timing
+from otel_verl.deadline import Call, Deadline, Late
+from otel_verl.payload import payload_of
+from otel_verl.semconv import Subject
+
+METER_NAME = sc.INSTRUMENTATION_NAME
+
+# --------------------------------------------------------------------------- names
+STEP_DURATION = "verl.step.duration"
+STAGE_DURATION = "verl.stage.duration"
+TRAJECTORY_DURATION = "verl.trajectory.duration"
+SAMPLES = "verl.samples"
+LLM_OPERATION_DURATION = "gen_ai.client.operation.duration"  # GenAI metric conventions
+LLM_TOKEN_USAGE = "gen_ai.client.token.usage"
+SERVER_REQUEST_DURATION = "verl.llm.server.request.duration"
+SERVER_QUEUE_DURATION = "verl.llm.server.queue.duration"
+SERVER_PREFILL_DURATION = "verl.llm.server.prefill.duration"
+SERVER_DECODE_DURATION = "verl.llm.server.decode.duration"
+TOOL_DURATION = "verl.tool.duration"
+REWARD_DURATION = "verl.reward.duration"
+DROPPED = "otel_verl.dropped"
+FAILURES = "otel_verl.failures"
+
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+OUTPUT_ATTRIBUTE = "otel_verl.output"  # on DROPPED: the output that lost items
+WHERE_ATTRIBUTE = "otel_verl.where"  # on FAILURES: the place that failed
+
+# Bucket boundaries the GenAI metric conventions advise.
+GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GEN_AI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+# Trainer stages and steps last from milliseconds (adv) to an hour (a long generation).
+STEP_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+# Trajectories: a single turn takes a second, a multi-turn tool run many minutes.
+TRAJECTORY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 480, 900, 1800)
+
+_PREFIX = sc.LLM_SERVER_META_PREFIX
+
+ReadersFactory = Callable[[], List[Any]]
+
+
+class SpanMetricsProcessor(SpanProcessor):
+    """Records the metrics of ``docs/SPANS.md`` ("Metrics") at span ends into a MeterProvider
+    whose readers ``make_readers`` builds (on the first span end: exporters that open files
+    or connections are not built for a process that ends no span)."""
+
+    on_start_subjects: frozenset = frozenset()  # reads ends only
+    on_end_subjects = frozenset({
+        Subject.STEP, Subject.STEP_STAGE, Subject.SAMPLE, Subject.TRAJECTORY, Subject.LLM_CALL,
+        Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,
+    })
+
+    def __init__(self, make_readers: ReadersFactory, *, shutdown_timeout_s: float = 10.0) -> None:
+        self.make_readers = make_readers
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.meter_provider: Any = None
+        self._instruments: Optional[_Instruments] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ span ends
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        found = payload_of(span)
+        if found is None:
+            return
+        record = _RECORDERS.get(found.subject)
+        if record is None:
+            return
+        instruments = self._instruments or self._start(span)
+        if instruments is not None:
+            record(instruments, span, _exemplar_context(span))
+
+    def _start(self, span: ReadableSpan) -> Optional["_Instruments"]:
+        with self._lock:
+            if self._instruments is None and not self._closed:
+                from opentelemetry.sdk.metrics import MeterProvider
+
+                # not the global provider: the span's resource, and flushed with the other outputs
+                self.meter_provider = MeterProvider(metric_readers=self.make_readers(), resource=span.resource,
+                                                    shutdown_on_exit=False)
+                self._instruments = _Instruments(self.meter_provider.get_meter(METER_NAME))
+            return self._instruments
+
+    # ------------------------------------------------------------------ flush, shutdown
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        provider = self.meter_provider
+        if provider is None:
+            return True
+        return self._bounded(provider.force_flush, timeout_millis, "force_flush") is not False
+
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        """Exports the last collection and stops the exporters within ``timeout_millis``
+        (else ``shutdown_timeout_s``); a late exporter goes on in the background."""
+        with self._lock:
+            self._closed = True
+            provider, self.meter_provider, self._instruments = self.meter_provider, None, None
+        if provider is not None:
+            if timeout_millis is None:
+                timeout_millis = int(self.shutdown_timeout_s * 1000)
+            self._bounded(provider.shutdown, timeout_millis, "shutdown")
+
+    def _bounded(self, method: Callable[..., Any], timeout_millis: int, name: str) -> Any:
+        # the SDK's exporters may retry past the timeout they are given
+        deadline = Deadline(timeout_millis / 1000)
+        try:
+            return Call(method, timeout_millis).result(deadline)
+        except Late as exc:
+            health.record_failure(f"metrics.{name}", exc)
+        except Exception as exc:
+            health.record_failure(f"metrics.{name}", exc)
+        return False
+
+
+def _exemplar_context(span: ReadableSpan) -> Any:
+    """The span's own context, so that an exemplar names its trace (the processor runs
+    where the span ended, often outside it, or in another process)."""
+    return trace_api.set_span_in_context(trace_api.NonRecordingSpan(span.context))
+
+
+class _Instruments:
+    def __init__(self, meter: metrics_api.Meter) -> None:
+        def histogram(name: str, unit: str, description: str, buckets: Iterable[float]) -> Any:
+            return meter.create_histogram(name, unit=unit, description=description,
+                                          explicit_bucket_boundaries_advisory=list(buckets))
+
+        self.step = histogram(STEP_DURATION, "s", "Duration of a training step", STEP_BUCKETS)
+        self.stage = histogram(STAGE_DURATION, "s", "Duration of a training-step stage", STEP_BUCKETS)
+        self.trajectory = histogram(TRAJECTORY_DURATION, "s", "Duration of one trajectory (agent run)",
+                                    TRAJECTORY_BUCKETS)
+        self.samples = meter.create_counter(SAMPLES, unit="{sample}", description="Samples ended, by outcome")
+        self.llm_duration = histogram(LLM_OPERATION_DURATION, "s", "GenAI operation duration",
+                                      GEN_AI_DURATION_BUCKETS)
+        self.llm_tokens = histogram(LLM_TOKEN_USAGE, "{token}", "Number of input and output tokens used",
+                                    GEN_AI_TOKEN_BUCKETS)
+        self.server_request = histogram(SERVER_REQUEST_DURATION, "s", "LLM server request duration (e2e latency)",
+                                        GEN_AI_DURATION_BUCKETS)
+        self.server_queue = histogram(SERVER_QUEUE_DURATION, "s", "LLM server queueing time of a request",
+                                      GEN_AI_DURATION_BUCKETS)
+        self.server_prefill = histogram(SERVER_PREFILL_DURATION, "s", "LLM server prefill time of a request",
+                                        GEN_AI_DURATION_BUCKETS)
+        self.server_decode = histogram(SERVER_DECODE_DURATION, "s", "LLM server decode time of a request",
+                                       GEN_AI_DURATION_BUCKETS)
+        self.tool = histogram(TOOL_DURATION, "s", "Duration of a tool execution", GEN_AI_DURATION_BUCKETS)
+        self.reward = histogram(REWARD_DURATION, "s", "Duration of one trajectory's reward computation",
+                                GEN_AI_DURATION_BUCKETS)
+        meter.create_observable_counter(DROPPED, [_observe_dropped], unit="{item}",
+                                        description="Items otel_verl could not write, by output")
+        meter.create_observable_counter(FAILURES, [_observe_failures], unit="{failure}",
+                                        description="Exceptions otel_verl swallowed, by place")
+
+
+def _observe_dropped(options: Any) -> Iterable[metrics_api.Observation]:
+    counts = health.snapshot()["dropped"]
+    return [metrics_api.Observation(n, {OUTPUT_ATTRIBUTE: name}) for name, n in counts.items()]
+
+
+def _observe_failures(options: Any) -> Iterable[metrics_api.Observation]:
+    counts = health.snapshot()["failures"]
+    return [metrics_api.Observation(n, {WHERE_ATTRIBUTE: name}) for name, n in counts.items()]
+
+
+# --------------------------------------------------------------------------- recorders
+
+
+def _seconds(span: ReadableSpan) -> Optional[float]:
+    if span.start_time is None or span.end_time is None:
+        return None
+    return max(0, span.end_time - span.start_time) / 1e9
+
+
+def _pick(span: ReadableSpan, *keys: str) -> Dict[str, Any]:
+    attrs = span.attributes or {}
+    out = {key: attrs[key] for key in keys if key in attrs}
+    if span.status is not None and span.status.status_code is StatusCode.ERROR:
+        out[sc.ERROR_TYPE] = attrs.get(sc.ERROR_TYPE) or "_OTHER"  # as the GenAI conventions say
+    return out
+
+
+def _record_step(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.step.record(_seconds(span) or 0.0, _pick(span, sc.LAYOUT), context=ctx)
+
+
+def _record_stage(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.stage.record(_seconds(span) or 0.0, _pick(span, sc.STAGE, sc.LAYOUT), context=ctx)
+
+
+def _record_sample(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.samples.add(1, _pick(span, sc.SAMPLE_OUTCOME), context=ctx)
+
+
+def _record_trajectory(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.trajectory.record(_seconds(span) or 0.0, _pick(span, sc.GEN_AI_AGENT_NAME, sc.VALIDATE), context=ctx)
+
+
+_GEN_AI_KEYS = (sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL)
+
+
+def _record_llm_call(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    attrs = _pick(span, *_GEN_AI_KEYS)
+    m.llm_duration.record(_seconds(span) or 0.0, attrs, context=ctx)
+    span_attrs = span.attributes or {}
+    usage = {"input": span_attrs.get(sc.GEN_AI_USAGE_INPUT_TOKENS), "output": span_attrs.get(sc.GEN_AI_USAGE_OUTPUT_TOKENS)}
+    attrs.pop(sc.ERROR_TYPE, None)  # the conventions give token usage no error.type
+    for token_type, count in usage.items():
+        count = server_timing.number(count)
+        if count is not None and count >= 0:
+            m.llm_tokens.record(count, {**attrs, GEN_AI_TOKEN_TYPE: token_type}, context=ctx)
+
+
+def _record_llm_server(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    span_attrs = span.attributes or {}
+    attrs = _pick(span, sc.GEN_AI_PROVIDER_NAME)
+    # the engine's meta under its own key names: server_timing knows which mean what
+    meta = {key[len(_PREFIX):]: value for key, value in span_attrs.items() if key.startswith(_PREFIX)}
+    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
+    queue = server_timing.number(meta.get(server_timing.QUEUE_TIME))
+    ttft = server_timing.ttft_s(meta)  # arrival to first token, queueing included
+    prefill = server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY))
+    if prefill is None and ttft is not None and queue is not None:
+        prefill = ttft - queue
+    decode = e2e - ttft if e2e is not None and ttft is not None else None
+    for histogram, value in ((m.server_request, e2e), (m.server_queue, queue),
+                             (m.server_prefill, prefill), (m.server_decode, decode)):
+        if value is not None and value >= 0:
+            histogram.record(value, attrs, context=ctx)
+
+
+def _record_tool(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.tool.record(_seconds(span) or 0.0, _pick(span, sc.GEN_AI_TOOL_NAME), context=ctx)
+
+
+def _record_reward(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
+    m.reward.record(_seconds(span) or 0.0, _pick(span), context=ctx)
+
+
+_RECORDERS: Dict[Subject, Callable[[_Instruments, ReadableSpan, Any], None]] = {
+    Subject.STEP: _record_step,
+    Subject.STEP_STAGE: _record_stage,
+    Subject.SAMPLE: _record_sample,
+    Subject.TRAJECTORY: _record_trajectory,
+    Subject.LLM_CALL: _record_llm_call,
+    Subject.LLM_SERVER: _record_llm_server,
+    Subject.TOOL: _record_tool,
+    Subject.REWARD: _record_reward,
+}

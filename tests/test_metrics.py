@@ -1,0 +1,278 @@
+"""The metrics derived from the spans (otel_verl.exporters.metrics), read with an in-memory
+reader; their OTLP-JSON files; how bootstrap picks their exporters."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import threading
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter, MetricExportResult
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+from otel_verl import bootstrap, events, health, settings
+from otel_verl import semconv as sc
+from otel_verl.exporters import metrics as m
+from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
+from otel_verl.semconv import Stage
+
+SAMPLE_KEYS = {sc.UID, sc.TRAJ_UID, sc.GLOBAL_STEP, sc.GEN_AI_CONVERSATION_ID, sc.LLM_REQUEST_ID}
+
+
+@pytest.fixture
+def reader(make_pipeline):
+    health.reset()
+    in_memory = InMemoryMetricReader()
+    processor = m.SpanMetricsProcessor(lambda: [in_memory])
+    make_pipeline([processor])
+    yield in_memory
+    processor.shutdown()
+    health.reset()
+
+
+def points(reader) -> dict:
+    """metric name -> [(attributes, point)] of the reader's collection."""
+    out: dict = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out.setdefault(metric.name, []).extend((dict(p.attributes), p) for p in metric.data.data_points)
+    return out
+
+
+def one(found, name, **attrs):
+    matching = [p for a, p in found.get(name, []) if a == attrs]
+    assert len(matching) == 1, (name, attrs, [a for a, _ in found.get(name, [])])
+    return matching[0]
+
+
+def _trajectory(uid="u1", traj_uid="t1", server_meta=None):
+    with events.trajectory(uid, traj_uid, step=3, agent_name="tool_agent", provider="sglang"):
+        with events.llm_call([1, 2, 3], model="qwen", provider="sglang") as turn:
+            headers = turn.carrier()
+            turn.finish([4, 5], stop_reason="stop")
+        with events.tool_call("calculator", call_id="c1"):
+            pass
+        with events.reward() as reward:
+            reward.score(1.0)
+    return headers
+
+
+def test_trainer_steps_stages_and_sample_outcomes(reader):
+    events.samples_created(["u1", "u2"], step=1, trainer="RayPPOTrainer")
+    with events.step(1, trainer="RayPPOTrainer"):
+        with events.step_stage(Stage.GENERATION):
+            pass
+        with events.step_stage(Stage.UPDATE_ACTOR):
+            pass
+    events.samples_finished(["u1"], sc.Outcome.TRAINED)
+    events.samples_finished(["u2"], sc.Outcome.FILTERED)
+    found = points(reader)
+
+    assert one(found, m.STEP_DURATION, **{sc.LAYOUT: "colocated"}).count == 1
+    for stage in ("generation", "update_actor"):
+        point = one(found, m.STAGE_DURATION, **{sc.STAGE: stage, sc.LAYOUT: "colocated"})
+        assert point.count == 1 and point.sum >= 0
+    assert one(found, m.SAMPLES, **{sc.SAMPLE_OUTCOME: "trained"}).value == 1
+    assert one(found, m.SAMPLES, **{sc.SAMPLE_OUTCOME: "filtered"}).value == 1
+
+
+def test_trajectory_llm_tool_and_reward_with_genai_attributes(reader):
+    _trajectory("u1", "t1")
+    _trajectory("u2", "t2")
+    found = points(reader)
+
+    assert one(found, m.TRAJECTORY_DURATION, **{sc.GEN_AI_AGENT_NAME: "tool_agent"}).count == 2
+    genai = {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_PROVIDER_NAME: "sglang", sc.GEN_AI_REQUEST_MODEL: "qwen"}
+    assert one(found, m.LLM_OPERATION_DURATION, **genai).count == 2
+    tokens_in = one(found, m.LLM_TOKEN_USAGE, **genai, **{m.GEN_AI_TOKEN_TYPE: "input"})
+    tokens_out = one(found, m.LLM_TOKEN_USAGE, **genai, **{m.GEN_AI_TOKEN_TYPE: "output"})
+    assert (tokens_in.count, tokens_in.sum) == (2, 6)
+    assert (tokens_out.count, tokens_out.sum) == (2, 4)
+    assert one(found, m.TOOL_DURATION, **{sc.GEN_AI_TOOL_NAME: "calculator"}).count == 2
+    assert one(found, m.REWARD_DURATION).count == 2
+
+
+def test_llm_server_queue_prefill_and_decode_from_the_engine_meta(reader):
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        with events.llm_call([1]) as turn:
+            headers = turn.carrier()
+    with events.llm_server_call(headers, request_id="r1", provider="sglang") as call:
+        # sglang 0.5.12: arrival at 100.0, first token at 100.75 after 0.25 s in the queue
+        call.record_meta({"e2e_latency": 2.0, "queue_time": 0.25, "request_received_ts": 100.0,
+                          "prefill_finished_time": 100.75})
+    with events.llm_server_call(headers, request_id="r2", provider="sglang") as call:
+        call.record_meta({"e2e_latency": 1.0})  # no enable_metrics: the e2e latency only
+    found = points(reader)
+    attrs = {sc.GEN_AI_PROVIDER_NAME: "sglang"}
+
+    request = one(found, m.SERVER_REQUEST_DURATION, **attrs)
+    assert (request.count, request.sum) == (2, 3.0)
+    for name, value in ((m.SERVER_QUEUE_DURATION, 0.25), (m.SERVER_PREFILL_DURATION, 0.5),
+                        (m.SERVER_DECODE_DURATION, 1.25)):
+        point = one(found, name, **attrs)
+        assert (point.count, point.sum) == (1, pytest.approx(value)), name
+
+
+def test_no_sample_identity_reaches_a_metric_attribute(reader):
+    for i in range(5):
+        _trajectory(f"u{i}", f"t{i}")
+    found = points(reader)
+    assert found
+    for name, entries in found.items():
+        for attrs, _ in entries:
+            assert not SAMPLE_KEYS & set(attrs), (name, attrs)
+    # five trajectories, one series
+    assert len(found[m.TRAJECTORY_DURATION]) == 1
+
+
+def test_an_exemplar_names_the_trace_of_its_span(reader):
+    _trajectory("u7", "t7")
+    point = one(points(reader), m.TRAJECTORY_DURATION, **{sc.GEN_AI_AGENT_NAME: "tool_agent"})
+    from otel_verl.ids import trace_id_for_uid
+
+    assert [e.trace_id for e in point.exemplars] == [trace_id_for_uid("u7")]
+
+
+def test_losses_and_failures_are_observed_as_counters(reader):
+    _trajectory()  # the provider starts with the first span
+    health.record_dropped("otlp", 3, "test")
+    health.record_failure("events.test", RuntimeError("boom"))
+    found = points(reader)
+    assert one(found, m.DROPPED, **{m.OUTPUT_ATTRIBUTE: "otlp"}).value == 3
+    assert one(found, m.FAILURES, **{m.WHERE_ATTRIBUTE: "events.test"}).value == 1
+    health.record_dropped("otlp", 2, "test")
+    assert one(points(reader), m.DROPPED, **{m.OUTPUT_ATTRIBUTE: "otlp"}).value == 5
+
+
+def test_a_process_that_ends_no_span_builds_no_exporter():
+    built = []
+    processor = m.SpanMetricsProcessor(lambda: built.append(1) or [])
+    assert processor.force_flush()
+    processor.shutdown()
+    assert built == [] and processor.meter_provider is None
+
+
+class _HangingExporter(MetricExporter):
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+        self.release.wait(30)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis=10_000):
+        return True
+
+    def shutdown(self, timeout_millis=30_000, **kwargs):
+        pass
+
+
+def test_shutdown_keeps_its_deadline_with_an_exporter_that_hangs(make_pipeline):
+    health.reset()
+    exporter = _HangingExporter()
+    processor = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)])
+    make_pipeline([processor])
+    _trajectory()
+    try:
+        processor.shutdown(timeout_millis=200)  # returns, the export goes on in the background
+        assert health.snapshot()["failures"].get("metrics.shutdown") == 1
+    finally:
+        exporter.release.set()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_metric_files_hold_one_otlp_json_line_per_collection(tmp_path, make_pipeline):
+    directory = str(tmp_path / "otlp")
+    exporter = OtlpJsonMetricFileExporter(directory)
+    periodic = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
+    processor = m.SpanMetricsProcessor(lambda: [periodic])
+    make_pipeline([processor])
+    _trajectory("u1", "t1")
+    assert processor.force_flush()
+    _trajectory("u2", "t2")
+    processor.shutdown()
+
+    files = glob.glob(os.path.join(directory, "metrics-*-pid*.jsonl"))
+    assert files == [exporter.path]
+    lines = [json.loads(line) for line in open(files[0], encoding="utf-8")]
+    assert len(lines) == 2
+    resource = lines[-1]["resourceMetrics"][0]
+    assert {"key": "verl.role", "value": {"stringValue": "trainer"}} in resource["resource"]["attributes"]
+    by_name = {metric["name"]: metric for scope in resource["scopeMetrics"] for metric in scope["metrics"]}
+    trajectory = by_name[m.TRAJECTORY_DURATION]
+    assert trajectory["unit"] == "s"
+    assert trajectory["histogram"]["aggregationTemporality"] == 2  # cumulative
+    point = trajectory["histogram"]["dataPoints"][0]
+    assert point["count"] == "2"  # int64 as a decimal string, as the Collector writes it
+    assert all(len(e["traceId"]) == 32 and int(e["traceId"], 16) for e in point.get("exemplars", []))
+    assert by_name[m.LLM_TOKEN_USAGE]["unit"] == "{token}"
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def _cfg(env):
+    return settings.load(env)
+
+
+def _readers_of(processor):
+    return processor.make_readers()
+
+
+def test_no_endpoint_writes_the_metric_files_beside_the_spans(tmp_path, monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = _cfg({settings.TRACE_DIR: str(tmp_path)})
+    processor = bootstrap._metrics_processor(cfg)
+    readers = _readers_of(processor)
+    assert [type(r._exporter).__name__ for r in readers] == ["OtlpJsonMetricFileExporter"]
+    assert readers[0]._exporter.files.directory == os.path.join(str(tmp_path), "otlp-metrics")
+    for reader in readers:
+        reader.shutdown()
+
+
+def test_metrics_exporter_none_turns_the_metrics_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert bootstrap._metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
+
+
+def test_an_unknown_metrics_exporter_is_an_error_and_no_metrics(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    assert bootstrap._metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
+    assert "OTEL_METRICS_EXPORTER=prometheus" in caplog.text
+
+
+@pytest.mark.parametrize("env, endpoint", [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "http://c:4317"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://m:4317"},
+     "http://m:4317"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "http://c:4318/v1/metrics"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317"}, "http://c:4317"),
+])
+def test_the_metrics_go_where_the_traces_go_unless_told_otherwise(monkeypatch, env, endpoint):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert bootstrap._metrics_endpoint() == endpoint
+
+
+def test_output_processors_include_the_metrics_processor(tmp_path, monkeypatch):
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
+    cfg = _cfg({settings.TRACE_DIR: str(tmp_path)})
+    processors = bootstrap.output_processors(cfg)
+    try:
+        assert sum(isinstance(p, m.SpanMetricsProcessor) for p in processors) == 1
+    finally:
+        for processor in processors:
+            processor.shutdown()
+        bootstrap._legacy.clear()
