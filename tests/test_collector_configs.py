@@ -33,6 +33,7 @@ def validation_env(tmp_path: Path) -> dict[str, str]:
         "OTELCOL_FILE_DIR": str(tmp_path / "traces"),
         "OTELCOL_JAEGER_ENDPOINT": "127.0.0.1:14317",
         "OTELCOL_TEMPO_ENDPOINT": "127.0.0.1:24317",
+        "OTELCOL_PROMETHEUS_ENDPOINT": "127.0.0.1:18889",
         "OTEL_VERL_REPLAY_GLOB": str(tmp_path / "traces" / "*" / "otlp" / "*.jsonl"),
     }
 

@@ -8,12 +8,13 @@
 //	receivers:  otlp (core), otlp_json_file (contrib; replays file-exporter output)
 //	processors: batch, resource (contrib; the per-run file configs use it to give spans
 //	            without verl.run_id a default file group)
-//	exporters:  debug, otlp_grpc (alias otlp), otlp_http (alias otlphttp), file (contrib)
+//	exporters:  debug, otlp_grpc (alias otlp), otlp_http (alias otlphttp), file (contrib),
+//	            prometheus (contrib; serves the metrics pipeline for a Prometheus scrape)
 //
 // Config providers: env, file, yaml (so ${env:VAR:-default} works).
 //
-// Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter and
-// resourceprocessor v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy
+// Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter,
+// prometheusexporter and resourceprocessor v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy
 // reachable here refuses v0.160.0 and later of that module (and pkg/stanza
 // v0.161.0) with "403 Forbidden ... This module version is not available",
 // so go.mod pins v0.158.0, which builds against core v0.161.0.
@@ -39,6 +40,7 @@ import (
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/resourceprocessor"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/receiver/otlpjsonfilereceiver"
 )
@@ -97,14 +99,16 @@ func components() (otelcol.Factories, error) {
 		otlpexporter.NewFactory(),
 		otlphttpexporter.NewFactory(),
 		fileexporter.NewFactory(),
+		prometheusexporter.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
 	f.ExporterModules = modules(f.Exporters, map[component.Type]string{
-		debugexporter.NewFactory().Type():    core + "exporter/debugexporter" + coreV,
-		otlpexporter.NewFactory().Type():     core + "exporter/otlpexporter" + coreV,
-		otlphttpexporter.NewFactory().Type(): core + "exporter/otlphttpexporter" + coreV,
-		fileexporter.NewFactory().Type():     contrib + "exporter/fileexporter" + coreV,
+		debugexporter.NewFactory().Type():      core + "exporter/debugexporter" + coreV,
+		otlpexporter.NewFactory().Type():       core + "exporter/otlpexporter" + coreV,
+		otlphttpexporter.NewFactory().Type():   core + "exporter/otlphttpexporter" + coreV,
+		fileexporter.NewFactory().Type():       contrib + "exporter/fileexporter" + coreV,
+		prometheusexporter.NewFactory().Type(): contrib + "exporter/prometheusexporter" + coreV,
 	})
 	return f, nil
 }
