@@ -15,7 +15,6 @@ import pytest
 import fault_workload as w
 import grafana_dashboard as gd
 import otel_binaries as ob
-from otel_binaries import otelcol_factory  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.e2e
 
