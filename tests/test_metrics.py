@@ -148,6 +148,21 @@ def test_losses_and_failures_are_observed_as_counters(reader):
     assert one(points(reader), m.DROPPED, **{m.OUTPUT_ATTRIBUTE: "otlp"}).value == 5
 
 
+def test_readers_that_cannot_be_built_are_one_failure_and_no_metrics(make_pipeline):
+    health.reset()
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise OSError("no such directory")
+
+    processor = m.SpanMetricsProcessor(broken)
+    make_pipeline([processor])
+    _trajectory("u1", "t1")  # must not raise
+    _trajectory("u2", "t2")
+    assert calls == [1] and health.snapshot()["failures"] == {"metrics.start": 1}
+
+
 def test_a_process_that_ends_no_span_builds_no_exporter():
     built = []
     processor = m.SpanMetricsProcessor(lambda: built.append(1) or [])
@@ -175,11 +190,12 @@ class _HangingExporter(MetricExporter):
 def test_shutdown_keeps_its_deadline_with_an_exporter_that_hangs(make_pipeline):
     health.reset()
     exporter = _HangingExporter()
-    processor = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)])
+    processor = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)],
+                                       shutdown_timeout_s=0.2)
     make_pipeline([processor])
     _trajectory()
     try:
-        processor.shutdown(timeout_millis=200)  # returns, the export goes on in the background
+        processor.shutdown()  # returns, the export goes on in the background
         assert health.snapshot()["failures"].get("metrics.shutdown") == 1
     finally:
         exporter.release.set()

@@ -100,12 +100,16 @@ class SpanMetricsProcessor(SpanProcessor):
     def _start(self, span: ReadableSpan) -> Optional["_Instruments"]:
         with self._lock:
             if self._instruments is None and not self._closed:
-                from opentelemetry.sdk.metrics import MeterProvider
+                try:
+                    from opentelemetry.sdk.metrics import MeterProvider
 
-                # not the global provider: the span's resource, and flushed with the other outputs
-                self.meter_provider = MeterProvider(metric_readers=self.make_readers(), resource=span.resource,
-                                                    shutdown_on_exit=False)
-                self._instruments = _Instruments(self.meter_provider.get_meter(METER_NAME))
+                    # not the global provider: the span's resource, and flushed with the other outputs
+                    self.meter_provider = MeterProvider(metric_readers=self.make_readers(), resource=span.resource,
+                                                        shutdown_on_exit=False)
+                    self._instruments = _Instruments(self.meter_provider.get_meter(METER_NAME))
+                except Exception as exc:  # counted once; no metrics here rather than a failure per span
+                    health.record_failure("metrics.start", exc)
+                    self._closed = True
             return self._instruments
 
     # ------------------------------------------------------------------ flush, shutdown
@@ -116,16 +120,17 @@ class SpanMetricsProcessor(SpanProcessor):
             return True
         return self._bounded(provider.force_flush, timeout_millis, "force_flush") is not False
 
-    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
-        """Exports the last collection and stops the exporters within ``timeout_millis``
-        (else ``shutdown_timeout_s``); a late exporter goes on in the background."""
+    def shutdown(self) -> None:
+        """Exports the last collection and stops the exporters within ``shutdown_timeout_s``;
+        a late exporter goes on in the background. (No ``timeout_millis``: the provider's
+        IsolatingSpanProcessor then runs it beside the span outputs, within their common
+        deadline, instead of before the OTLP spans, whose share a collector that does not
+        answer would take.)"""
         with self._lock:
             self._closed = True
             provider, self.meter_provider, self._instruments = self.meter_provider, None, None
         if provider is not None:
-            if timeout_millis is None:
-                timeout_millis = int(self.shutdown_timeout_s * 1000)
-            self._bounded(provider.shutdown, timeout_millis, "shutdown")
+            self._bounded(provider.shutdown, int(self.shutdown_timeout_s * 1000), "shutdown")
 
     def _bounded(self, method: Callable[..., Any], timeout_millis: int, name: str) -> Any:
         # the SDK's exporters may retry past the timeout they are given
