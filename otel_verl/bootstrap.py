@@ -198,29 +198,39 @@ METRICS_FILES_DIR = "otlp-metrics"
 
 def _metrics_processor(cfg: settings_mod.Settings) -> Any:
     """The span processor deriving metrics from the spans (``docs/SPANS.md``, "Metrics"),
-    exporting them as ``OTEL_METRICS_EXPORTER`` says (default ``otlp``): OTLP to the metrics
-    endpoint (else the traces' one), else the OTLP-JSON files beside the spans'; ``None``
-    when there is nowhere to send them."""
-    names = [n.strip() for n in (os.environ.get(METRICS_EXPORTER) or "otlp").lower().split(",") if n.strip()]
+    exporting them to :func:`metrics_outputs`; ``None`` when there is nowhere to send them."""
+    try:
+        wanted = metrics_outputs(cfg)
+    except ValueError as exc:
+        logger.error("otel_verl: %s; no metrics", exc)
+        return None
+    if not wanted:
+        return None
+    from otel_verl.exporters.metrics import SpanMetricsProcessor
+
+    endpoint = _metrics_endpoint()
+    return SpanMetricsProcessor(lambda: _metric_readers(cfg, wanted, endpoint),
+                                shutdown_timeout_s=cfg.shutdown_timeout_s)
+
+
+def metrics_outputs(cfg: settings_mod.Settings) -> List[str]:
+    """Where ``OTEL_METRICS_EXPORTER`` (default ``otlp``) sends the metrics: ``otlp`` (to the
+    metrics endpoint, else the traces' one), ``files`` (the OTLP-JSON files beside the spans',
+    when there is no endpoint), ``console``. ``ValueError`` for an exporter otel_verl lacks."""
+    raw = os.environ.get(METRICS_EXPORTER) or "otlp"
+    names = [n.strip() for n in raw.lower().split(",") if n.strip()]
     unknown = [n for n in names if n not in _METRICS_EXPORTERS]
     if unknown:
-        logger.error("otel_verl: %s=%s: unknown exporter %s (expected otlp, console or none); no metrics",
-                     METRICS_EXPORTER, os.environ.get(METRICS_EXPORTER), ", ".join(unknown))
-        return None
-    endpoint = _metrics_endpoint()
+        raise ValueError(f"{METRICS_EXPORTER}={raw}: unknown exporter {', '.join(unknown)} "
+                         "(expected otlp, console or none)")
     wanted = []
-    if "otlp" in names and endpoint:
+    if "otlp" in names and _metrics_endpoint():
         wanted.append("otlp")
     if "otlp" in names and cfg.write_otlp_files:
         wanted.append("files")
     if "console" in names:
         wanted.append("console")
-    if not wanted:
-        return None
-    from otel_verl.exporters.metrics import SpanMetricsProcessor
-
-    return SpanMetricsProcessor(lambda: _metric_readers(cfg, wanted, endpoint),
-                                shutdown_timeout_s=cfg.shutdown_timeout_s)
+    return wanted
 
 
 def _metrics_endpoint() -> Optional[str]:

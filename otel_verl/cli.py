@@ -381,6 +381,14 @@ def _settings_checks(env: dict) -> tuple:
         outputs = [o for o, on in (("legacy files", cfg.trace_dir), ("OTLP-JSON files", cfg.write_otlp_files),
                                    ("OTLP", cfg.otlp_endpoint)) if on]
         checks.append(_Check("settings", "tracing", OK, "on: " + ", ".join(outputs or ["in-process only (OTEL_VERL_ENABLED=1)"])))
+        from otel_verl import bootstrap
+
+        try:
+            metrics = bootstrap.metrics_outputs(cfg)
+            checks.append(_Check("settings", "metrics", OK, "to: " + ", ".join(metrics) if metrics
+                                 else "off (OTEL_METRICS_EXPORTER=none, or no endpoint and no OTLP-JSON files)"))
+        except ValueError as exc:
+            checks.append(_Check("settings", "metrics", FAIL, str(exc), "set OTEL_METRICS_EXPORTER to otlp, console or none"))
         offloading = [role.value for role in Role if cfg.offloads(role.value)]
         checks.append(_Check("settings", "export process", OK,
                              f"outputs written by an export process in: {', '.join(offloading)}" if offloading

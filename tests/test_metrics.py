@@ -263,7 +263,22 @@ def test_metrics_exporter_none_turns_the_metrics_off(tmp_path, monkeypatch):
 def test_an_unknown_metrics_exporter_is_an_error_and_no_metrics(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
     assert bootstrap._metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
-    assert "OTEL_METRICS_EXPORTER=prometheus" in caplog.text
+    assert "OTEL_METRICS_EXPORTER=prometheus: unknown exporter prometheus" in caplog.text
+
+
+def test_doctor_says_where_the_metrics_go(tmp_path, monkeypatch):
+    from otel_verl import cli
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    checks, _ = cli._settings_checks({settings.TRACE_DIR: str(tmp_path)})
+    (metrics,) = [c for c in checks if c.name == "metrics"]
+    assert metrics.detail == "to: files"
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp,bogus")
+    checks, _ = cli._settings_checks({settings.TRACE_DIR: str(tmp_path)})
+    (metrics,) = [c for c in checks if c.name == "metrics"]
+    assert metrics.state == cli.FAIL and "bogus" in metrics.detail
 
 
 @pytest.mark.parametrize("env, endpoint", [
