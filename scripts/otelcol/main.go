@@ -14,10 +14,10 @@
 // Config providers: env, file, yaml (so ${env:VAR:-default} works).
 //
 // Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter,
-// prometheusexporter and resourceprocessor v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy
-// reachable here refuses v0.160.0 and later of that module (and pkg/stanza
-// v0.161.0) with "403 Forbidden ... This module version is not available",
-// so go.mod pins v0.158.0, which builds against core v0.161.0.
+// prometheusexporter and resourceprocessor v0.161.0, contrib otlpjsonfilereceiver
+// v0.158.0: the Go module proxy reachable here refuses v0.160.0 and later of that
+// module (and pkg/stanza v0.161.0) with "403 Forbidden ... This module version is
+// not available", so go.mod pins v0.158.0, which builds against core v0.161.0.
 package main
 
 import (
