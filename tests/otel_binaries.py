@@ -584,13 +584,16 @@ class Collector:
 
 def start_otelcol(config: Path, workdir: Path, env: dict[str, str] | None = None,
                   wait: bool = True) -> Collector:
-    """Start otelcol with ``config``; its OTLP receivers on free loopback ports
-    (OTELCOL_GRPC_ENDPOINT / OTELCOL_HTTP_ENDPOINT), plus ``env`` overrides."""
+    """Start otelcol with ``config``; its OTLP receivers and its Prometheus endpoint on free
+    loopback ports (OTELCOL_GRPC_ENDPOINT / OTELCOL_HTTP_ENDPOINT /
+    OTELCOL_PROMETHEUS_ENDPOINT: collectors started side by side must not share the
+    configs' default :8889), plus ``env`` overrides."""
     binary = require_binary("otelcol")
-    grpc, http = free_ports(2)
+    grpc, http, prometheus = free_ports(3)
     full_env = {
         "OTELCOL_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
         "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{http}",
+        "OTELCOL_PROMETHEUS_ENDPOINT": f"127.0.0.1:{prometheus}",
         **(env or {}),
     }
     proc = ManagedProcess([binary, "--config", str(config)],

@@ -77,17 +77,13 @@ def _one(found, name, **labels):
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("metrics-e2e")
-    port = ob.free_port()
     run_id = f"metrics-e2e-{uuid.uuid4().hex[:8]}"
-    collector = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file.yaml", tmp_path, {
-        "OTELCOL_FILE_DIR": str(tmp_path / "traces"),
-        "OTELCOL_PROMETHEUS_ENDPOINT": f"127.0.0.1:{port}",
-    })
+    collector = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file.yaml", tmp_path, {"OTELCOL_FILE_DIR": str(tmp_path / "traces")})
     try:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.otlp_grpc_endpoint, "OTEL_VERL_RUN_ID": run_id}
         for code in (WORKER, TRAINER):
             w.run_python(code, env, timeout=120)
-        url = f"http://127.0.0.1:{port}/metrics"
+        url = f"http://{collector.env['OTELCOL_PROMETHEUS_ENDPOINT']}/metrics"
         deadline = time.monotonic() + 30
         while True:  # the collector's batch processor forwards within a second
             found = scrape(url)
