@@ -238,21 +238,35 @@ def _cfg(env):
     return settings.load(env)
 
 
-def _readers_of(processor):
-    return processor.make_readers()
-
-
-def test_no_endpoint_writes_the_metric_files_beside_the_spans(tmp_path, monkeypatch):
+def test_no_endpoint_writes_the_metric_files_beside_the_spans(tmp_path, monkeypatch, make_pipeline):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     cfg = _cfg({settings.TRACE_DIR: str(tmp_path)})
+    assert bootstrap.metrics_outputs(cfg) == ["files"]
     processor = bootstrap._metrics_processor(cfg)
-    readers = _readers_of(processor)
-    assert [type(r._exporter).__name__ for r in readers] == ["OtlpJsonMetricFileExporter"]
-    assert readers[0]._exporter.files.directory == os.path.join(str(tmp_path), "otlp-metrics")
-    for reader in readers:
-        reader.shutdown()
+    make_pipeline([processor])
+    _trajectory()
+    processor.shutdown()
+    (path,) = glob.glob(str(tmp_path / bootstrap.METRICS_FILES_DIR / "metrics-*.jsonl"))
+    assert '"verl.trajectory.duration"' in open(path, encoding="utf-8").read()
+    assert not glob.glob(str(tmp_path / "otlp" / "*"))  # the spans' directory holds spans only
+
+
+@pytest.mark.parametrize("env, outputs", [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ["otlp"]),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_VERL_OTLP_FILE": "1"}, ["otlp", "files"]),
+    ({"OTEL_METRICS_EXPORTER": "console"}, ["console"]),
+    ({"OTEL_METRICS_EXPORTER": "otlp,console"}, ["files", "console"]),
+    ({"OTEL_VERL_OTLP_FILE": "0"}, []),
+])
+def test_where_the_metrics_go(tmp_path, monkeypatch, env, outputs):
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert bootstrap.metrics_outputs(_cfg({settings.TRACE_DIR: str(tmp_path), **env})) == outputs
 
 
 def test_metrics_exporter_none_turns_the_metrics_off(tmp_path, monkeypatch):
