@@ -51,6 +51,19 @@ def test_config_files_found():
             "otelcol-file-jaeger.yaml", "otelcol-replay.yaml", "otelcol-compose.yaml"} <= names
 
 
+@pytest.mark.parametrize("config", [c for c in OTELCOL_CONFIGS if "replay" not in c.name], ids=lambda p: p.name)
+def test_every_forwarding_config_serves_the_metrics_for_prometheus(config):
+    import yaml
+
+    doc = yaml.safe_load(config.read_text())
+    assert doc["service"]["pipelines"]["metrics"] == {"receivers": ["otlp"], "processors": ["batch"],
+                                                      "exporters": ["prometheus"]}
+    prometheus = doc["exporters"]["prometheus"]
+    # an own port per collector in tests (otel_binaries.start_otelcol), :8889 by default
+    assert prometheus["endpoint"] == "${env:OTELCOL_PROMETHEUS_ENDPOINT:-0.0.0.0:8889}"
+    assert "verl.*" in prometheus["resource_constant_labels"]["included"]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("config", OTELCOL_CONFIGS, ids=lambda p: p.name)
 def test_otelcol_validate(config, tmp_path):
