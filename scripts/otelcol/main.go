@@ -7,17 +7,23 @@
 //
 //	receivers:  otlp (core), otlp_json_file (contrib; replays file-exporter output)
 //	processors: batch, resource (contrib; the per-run file configs use it to give spans
-//	            without verl.run_id a default file group)
+//	            without verl.run_id a default file group), tail_sampling (contrib; the
+//	            gateway of the multi-node tail-sampling topology)
 //	exporters:  debug, otlp_grpc (alias otlp), otlp_http (alias otlphttp), file (contrib),
-//	            prometheus (contrib; serves the metrics pipeline for a Prometheus scrape)
+//	            prometheus (contrib; serves the metrics pipeline for a Prometheus scrape),
+//	            loadbalancing (contrib; the per-node agent routes spans by trace id)
 //
 // Config providers: env, file, yaml (so ${env:VAR:-default} works).
 //
 // Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter,
-// prometheusexporter and resourceprocessor v0.161.0, contrib otlpjsonfilereceiver
-// v0.158.0: the Go module proxy reachable here refuses v0.160.0 and later of that
-// module (and pkg/stanza v0.161.0) with "403 Forbidden ... This module version is
-// not available", so go.mod pins v0.158.0, which builds against core v0.161.0.
+// prometheusexporter, loadbalancingexporter, resourceprocessor and tailsamplingprocessor
+// v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy reachable here
+// refuses v0.160.0 and later of that module (and pkg/stanza v0.161.0) with "403
+// Forbidden ... This module version is not available", so go.mod pins v0.158.0, which
+// builds against core v0.161.0. Likewise the proxy refuses
+// github.com/aws/aws-sdk-go-v2/service/servicediscovery v1.48.0 (imported by
+// loadbalancingexporter v0.161.0 for its AWS Cloud Map resolver, which we do not use), so
+// go.mod replaces it with v1.40.2, an API-compatible release the proxy serves.
 package main
 
 import (
@@ -40,8 +46,10 @@ import (
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/resourceprocessor"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/processor/tailsamplingprocessor"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/receiver/otlpjsonfilereceiver"
 )
 
@@ -86,12 +94,14 @@ func components() (otelcol.Factories, error) {
 	if f.Processors, err = otelcol.MakeFactoryMap[processor.Factory](
 		batchprocessor.NewFactory(),
 		resourceprocessor.NewFactory(),
+		tailsamplingprocessor.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
 	f.ProcessorModules = modules(f.Processors, map[component.Type]string{
-		batchprocessor.NewFactory().Type():    core + "processor/batchprocessor" + coreV,
-		resourceprocessor.NewFactory().Type(): contrib + "processor/resourceprocessor" + coreV,
+		batchprocessor.NewFactory().Type():        core + "processor/batchprocessor" + coreV,
+		resourceprocessor.NewFactory().Type():     contrib + "processor/resourceprocessor" + coreV,
+		tailsamplingprocessor.NewFactory().Type(): contrib + "processor/tailsamplingprocessor" + coreV,
 	})
 
 	if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
@@ -100,15 +110,17 @@ func components() (otelcol.Factories, error) {
 		otlphttpexporter.NewFactory(),
 		fileexporter.NewFactory(),
 		prometheusexporter.NewFactory(),
+		loadbalancingexporter.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
 	f.ExporterModules = modules(f.Exporters, map[component.Type]string{
-		debugexporter.NewFactory().Type():      core + "exporter/debugexporter" + coreV,
-		otlpexporter.NewFactory().Type():       core + "exporter/otlpexporter" + coreV,
-		otlphttpexporter.NewFactory().Type():   core + "exporter/otlphttpexporter" + coreV,
-		fileexporter.NewFactory().Type():       contrib + "exporter/fileexporter" + coreV,
-		prometheusexporter.NewFactory().Type(): contrib + "exporter/prometheusexporter" + coreV,
+		debugexporter.NewFactory().Type():         core + "exporter/debugexporter" + coreV,
+		otlpexporter.NewFactory().Type():          core + "exporter/otlpexporter" + coreV,
+		otlphttpexporter.NewFactory().Type():      core + "exporter/otlphttpexporter" + coreV,
+		fileexporter.NewFactory().Type():          contrib + "exporter/fileexporter" + coreV,
+		prometheusexporter.NewFactory().Type():    contrib + "exporter/prometheusexporter" + coreV,
+		loadbalancingexporter.NewFactory().Type(): contrib + "exporter/loadbalancingexporter" + coreV,
 	})
 	return f, nil
 }
