@@ -34,6 +34,8 @@ def validation_env(tmp_path: Path) -> dict[str, str]:
         "OTELCOL_JAEGER_ENDPOINT": "127.0.0.1:14317",
         "OTELCOL_TEMPO_ENDPOINT": "127.0.0.1:24317",
         "OTELCOL_PROMETHEUS_ENDPOINT": "127.0.0.1:18889",
+        "OTELCOL_GATEWAYS": "[127.0.0.1:34317, 127.0.0.1:34318]",
+        "OTELCOL_BACKEND_ENDPOINT": "127.0.0.1:14317",
         "OTEL_VERL_REPLAY_GLOB": str(tmp_path / "traces" / "*" / "otlp" / "*.jsonl"),
     }
 
@@ -48,10 +50,14 @@ def run_validate(binary: str, config: Path, env: dict[str, str]) -> subprocess.C
 def test_config_files_found():
     names = {p.name for p in OTELCOL_CONFIGS}
     assert {"otelcol-file.yaml", "otelcol-jaeger.yaml", "otelcol-tempo.yaml",
-            "otelcol-file-jaeger.yaml", "otelcol-replay.yaml", "otelcol-compose.yaml"} <= names
+            "otelcol-file-jaeger.yaml", "otelcol-replay.yaml", "otelcol-compose.yaml",
+            "otelcol-agent-loadbalancing.yaml", "otelcol-gateway-tailsampling.yaml"} <= names
 
 
-@pytest.mark.parametrize("config", [c for c in OTELCOL_CONFIGS if "replay" not in c.name], ids=lambda p: p.name)
+# the replay reads files; the tail-sampling gateway gets traces only (each node's agent
+# serves that node's metrics)
+@pytest.mark.parametrize("config", [c for c in OTELCOL_CONFIGS if not any(k in c.name for k in ("replay", "gateway"))],
+                         ids=lambda p: p.name)
 def test_every_forwarding_config_serves_the_metrics_for_prometheus(config):
     import yaml
 
