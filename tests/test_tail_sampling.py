@@ -233,7 +233,7 @@ def test_agent_routes_by_trace_id_and_gateways_keep_interesting_traces(tmp_path,
             send_training(procs, t, root, t0)
         procs.flush()
         time.sleep(3)  # the agent's batch (1s) and the gateways' batch (1s)
-        for p in processes:
+        for p in reversed(processes):  # the agent first: it flushes to the gateways
             assert p.stop() == 0, p.log_tail()
     finally:
         if procs is not None:
