@@ -32,8 +32,9 @@ request, with ``gen_ai.latency.*``, ``gen_ai.usage.prompt_tokens`` /
 
 Unlike the engines, which install their TracerProvider as the process's global one, each
 stand-in tracer has a provider of its own, so it never changes the tracing of the process
-that hosts it. Spans leave through a BatchSpanProcessor (sglang's 500 ms delay); call
-:meth:`EngineTracerStandIn.force_flush` before reading them back.
+that hosts it. Spans leave as each ends (a SimpleSpanProcessor, where sglang batches
+them every 500 ms): the demo's server actors are killed at the end of a run, before a
+last batch would go out.
 
 :class:`TracingTokenizerManagerStandIn` is the sglang engine front-end of the demo with
 these spans; :func:`tokenizer_manager_for` picks it when the rollout config says
@@ -56,7 +57,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -97,9 +98,9 @@ class EngineTracerStandIn:
         if exporter is None and not endpoint:
             raise ValueError("an engine tracer needs an OTLP endpoint or an exporter")
         self.provider = TracerProvider(resource=resource)
-        self.provider.add_span_processor(BatchSpanProcessor(
-            exporter or _otlp_exporter(str(endpoint)), schedule_delay_millis=500, max_export_batch_size=64,
-        ))
+        # sent as each span ends: the demo's server actors are killed when the run ends,
+        # before a batch processor's last batch would go out
+        self.provider.add_span_processor(SimpleSpanProcessor(exporter or _otlp_exporter(str(endpoint))))
         self.tracer = self.provider.get_tracer(tracer_name)
 
     @classmethod
