@@ -9,7 +9,10 @@ import sys
 import types
 
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+pytest.importorskip("verl", reason="the engine stand-ins answer with verl's TokenOutput")
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, events, semconv as sc
