@@ -85,16 +85,20 @@ TRACING_VARS_PREFIXES = ("OTEL_", "VERL_TRACE_DIR")
 
 class SpanSink:
     """A minimal OTLP/HTTP receiver on loopback: accepts ``POST /v1/traces`` (protobuf,
-    optionally gzip) and counts the spans."""
+    optionally gzip) and counts the spans; takes ``POST /v1/metrics`` too (otel_verl's
+    metrics go to the same endpoint) and counts the requests."""
 
     def __init__(self) -> None:
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         sink = self
         self.spans = 0
         self.requests = 0
+        self.metric_requests = 0
         self._lock = threading.Lock()
-        response = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        span_response = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        metric_response = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -103,12 +107,19 @@ class SpanSink:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-                with sink._lock:
-                    sink.spans += n
-                    sink.requests += 1
+                if self.path.endswith("/v1/metrics"):
+                    metrics_service_pb2.ExportMetricsServiceRequest().ParseFromString(body)
+                    with sink._lock:
+                        sink.metric_requests += 1
+                    response = metric_response
+                else:
+                    request = trace_service_pb2.ExportTraceServiceRequest()
+                    request.ParseFromString(body)
+                    n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                    with sink._lock:
+                        sink.spans += n
+                        sink.requests += 1
+                    response = span_response
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(response)))
