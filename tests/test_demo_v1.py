@@ -126,8 +126,8 @@ def test_async_modes_train_in_a_later_step_in_the_same_trace(demo):
         [produced], [trained] = rollout_steps, stage_steps
         assert trained in (produced, produced + 1)
         later += trained == produced + 1
-    if mode in ASYNC_MODES:  # step 2 trains the warm-up prompts of step 1
-        assert later == PROMPTS
+    if mode in ASYNC_MODES:  # step 2 trains warm-up prompts of step 1 (all, unless one was still resuming)
+        assert 0 < later <= PROMPTS
     else:
         assert later == 0
 
