@@ -480,6 +480,13 @@ CLEAN_ENV = {var: None for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER
                                     "OTEL_VERL_ENABLED", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_TRACES_EXPORTER")}
 
 
+def _without_live_checks(monkeypatch, cli):
+    """The installed versions and live hooks are test_cli's business; here doctor's exit
+    code reflects the engine sources only, with or without verl installed."""
+    monkeypatch.setattr(cli, "_version_checks", lambda: [])
+    monkeypatch.setattr(cli, "_hook_checks", lambda: [])
+
+
 def test_doctor_reports_engine_sources(tmp_path, monkeypatch):
     """``doctor --engine-source DIR``: each sglang hook and the meta keys on that source,
     a renamed parameter as a warning naming it."""
@@ -487,7 +494,7 @@ def test_doctor_reports_engine_sources(tmp_path, monkeypatch):
 
     from otel_verl import cli
 
-    monkeypatch.setattr(cli, "_hook_checks", lambda: [])  # the live hooks: test_cli's business
+    _without_live_checks(monkeypatch, cli)
     generate = "class TokenizerManager:\n    async def generate_request(self, {param}, request=None):\n        yield {{}}\n"
     keys = hookcheck.server_meta_keys()
     stats = "def convert_to_output_meta_info():\n    return {{{}}}\n"
@@ -529,6 +536,7 @@ def test_doctor_no_hooks_reads_only_the_sources_given(tmp_path, monkeypatch):
 
     from otel_verl import cli
 
+    _without_live_checks(monkeypatch, cli)
     monkeypatch.setattr(cli, "_hook_checks", lambda: pytest.fail("--no-hooks imported verl"))
     source = _write(tmp_path / "src", {"vllm/__init__.py": ""})
     env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), engine_wheels.CACHE_ENV: str(tmp_path / "empty")}
@@ -543,7 +551,7 @@ def test_doctor_without_engine_sources_says_where_it_looked(tmp_path, monkeypatc
 
     from otel_verl import cli
 
-    monkeypatch.setattr(cli, "_hook_checks", lambda: [])
+    _without_live_checks(monkeypatch, cli)
     env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), "COLUMNS": "250",
            engine_wheels.CACHE_ENV: str(tmp_path / "empty")}
     result = CliRunner(env=env).invoke(cli.main, ["doctor"], catch_exceptions=False)
