@@ -141,7 +141,7 @@ def runtime_env(base: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[
                        "otel_verl relies on self-activation in workers", hook)
     env_vars = dict(settings.forwarded_env(env))
     env_vars.update(out.get("env_vars") or {})  # the user's explicit values win
-    out["env_vars"] = env_vars
+    out["env_vars"] = settings.with_run_resource(env_vars)
     return out
 
 
@@ -150,7 +150,7 @@ def hydra_overrides(env: Optional[Mapping[str, str]] = None) -> List[str]:
     (:func:`otel_verl.settings.is_secret`) are left out: verl prints its whole config."""
     prefix = "+ray_kwargs.ray_init.runtime_env"
     out = [f"{prefix}.worker_process_setup_hook={SETUP_HOOK}"]
-    for key, value in sorted(settings.forwarded_env(env).items()):
+    for key, value in sorted(settings.with_run_resource(settings.forwarded_env(env)).items()):
         if not settings.is_secret(key):
             out.append(f"{prefix}.env_vars.{key}={_hydra_quote(value)}")
     return out

@@ -18,9 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from otel_verl import semconv as sc
 from otel_verl.semconv import Role
 
 logger = logging.getLogger("otel_verl")
@@ -28,6 +30,7 @@ logger = logging.getLogger("otel_verl")
 TRACE_DIR = "VERL_TRACE_DIR"  # the legacy switch: files under this directory
 FORCE = "OTEL_VERL_ENABLED"  # 1: trace even with no trace dir and no endpoint; 0: never
 RUN_ID = "OTEL_VERL_RUN_ID"
+RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"  # the SDK's; read by every OpenTelemetry SDK in the process
 ROLE = "OTEL_VERL_ROLE"
 FLOW_STDOUT = "OTEL_VERL_FLOW_STDOUT"
 TRACE_VALIDATION = "OTEL_VERL_TRACE_VALIDATION"
@@ -235,3 +238,23 @@ def forwarded_env(env: Optional[Mapping[str, str]] = None) -> dict:
     """The variables to copy into every Ray worker's runtime env."""
     env = os.environ if env is None else env
     return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+
+
+def with_run_resource(env_vars: Mapping[str, str]) -> dict:
+    """``env_vars`` with the run id (``OTEL_VERL_RUN_ID``, where set) added to
+    ``OTEL_RESOURCE_ATTRIBUTES`` as ``verl.run_id``. The LLM engines (sglang, vLLM) build
+    their own tracing resource from that variable, so their spans land in the run's files
+    too. A ``verl.run_id`` already there wins."""
+    out = dict(env_vars)
+    if out.get(RUN_ID):
+        out[RESOURCE_ATTRIBUTES] = _with_resource_attribute(out.get(RESOURCE_ATTRIBUTES, ""), sc.RUN_ID, out[RUN_ID])
+    return out
+
+
+def _with_resource_attribute(attributes: str, key: str, value: str) -> str:
+    """``attributes`` (the comma-separated ``key=value`` list of OTEL_RESOURCE_ATTRIBUTES,
+    values percent-encoded) with ``key=value`` added unless it names ``key`` already."""
+    if any(item.split("=", 1)[0].strip() == key for item in attributes.split(",")):
+        return attributes
+    item = f"{key}={urllib.parse.quote(value, safe='')}"
+    return f"{attributes},{item}" if attributes.strip() else item

@@ -18,7 +18,31 @@ def test_runtime_env_adds_hook_and_forwards_tracing_variables():
     assert out["worker_process_setup_hook"] == "otel_verl.activation.worker_setup"
     assert out["pip"] == ["x"]
     assert out["env_vars"] == {"VERL_TRACE_DIR": "/t", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
-                               "OTEL_VERL_RUN_ID": "mine", "DLC_JOB_ID": "job"}  # nothing else leaks
+                               "OTEL_VERL_RUN_ID": "mine", "DLC_JOB_ID": "job",
+                               "OTEL_RESOURCE_ATTRIBUTES": "verl.run_id=mine"}  # nothing else leaks
+
+
+@pytest.mark.parametrize("attributes, expected", [
+    (None, "verl.run_id=r%2F1"),
+    ("team=rl,cluster=a", "team=rl,cluster=a,verl.run_id=r%2F1"),
+    ("team=rl, verl.run_id=theirs", "team=rl, verl.run_id=theirs"),  # the user's wins
+])
+def test_runtime_env_names_the_run_in_the_engines_resource(attributes, expected, monkeypatch):
+    """sglang and vLLM build their tracing resource from OTEL_RESOURCE_ATTRIBUTES: the run
+    id there puts their spans in the run's collector files."""
+    from opentelemetry.sdk.resources import Resource
+
+    env = {"OTEL_VERL_RUN_ID": "r/1", **({"OTEL_RESOURCE_ATTRIBUTES": attributes} if attributes else {})}
+    env_vars = activation.runtime_env(None, env=env)["env_vars"]
+    assert env_vars["OTEL_RESOURCE_ATTRIBUTES"] == expected
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", expected)  # in the server actor
+    engine_resource = Resource.create({"service.name": "sglang"})  # as the engines build it
+    assert engine_resource.attributes["verl.run_id"] == ("theirs" if "theirs" in expected else "r/1")
+
+
+def test_runtime_env_without_a_run_id_leaves_the_resource_alone():
+    env_vars = activation.runtime_env(None, env={"OTEL_RESOURCE_ATTRIBUTES": "a=1"})["env_vars"]
+    assert env_vars == {"OTEL_RESOURCE_ATTRIBUTES": "a=1"}
 
 
 def test_runtime_env_keeps_a_users_own_hook(caplog):

@@ -5,8 +5,9 @@ W3C context the caller hands them: sglang under ``GenerateReqInput.external_trac
 (server args ``enable_trace``, ``otlp_traces_endpoint``), vLLM under ``AsyncLLM.generate``'s
 ``trace_headers`` (engine arg ``otlp_traces_endpoint``). Neither engine runs on a CPU-only
 machine, so this module emits spans shaped as theirs are, from the stand-in engines'
-timings, to an OTLP endpoint, with the engine's own resource and no ``verl.run_id`` (the
-engines know nothing of verl's run). Shapes as the engines' sources write them (sglang
+timings, to an OTLP endpoint, with the engine's own resource (built as the engines build
+it: ``Resource.create``, which adds ``OTEL_RESOURCE_ATTRIBUTES``, where the Ray runtime env
+puts ``verl.run_id``). Shapes as the engines' sources write them (sglang
 0.5.12 ``sglang/srt/observability/trace.py`` and ``req_time_stats.py``; vLLM 0.24.0
 ``vllm/tracing/otel.py`` and ``vllm/v1/engine/output_processor.py``):
 
