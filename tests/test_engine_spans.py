@@ -272,33 +272,60 @@ def test_engine_spans_reach_the_files_and_jaeger_inside_the_uids_trace(make_pipe
 @pytest.mark.timeout(900)
 def test_a_demo_run_with_sglang_tracing_on_puts_engine_spans_in_each_uids_trace(tmp_path):
     """The traced demo with verl's SGLangHttpServer and the README's overrides, exporting
-    to the shipped otelcol-file.yaml: every turn's engine request is a child of its chat
-    span, in the uid's trace, and the engines' spans sit in the _no_run_id files."""
+    to the shipped otelcol-file-jaeger.yaml: every turn's engine request is a child of its
+    chat span, in the uid's trace, both in the run's own collector files (the launcher
+    names the run in the engines' resource) and in Jaeger's trace of each uid."""
     import otel_binaries as ob
     from demo_process import run_in_child
     from otel_verl.exporters.otlp_json_file import spans_from_files
     from otel_verl.ids import trace_id_for_uid
 
     trace_dir = tmp_path / "collector"
-    col = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file.yaml", tmp_path, {"OTELCOL_FILE_DIR": str(trace_dir)})
+    jaeger = ob.start_jaeger(tmp_path / "jaeger")
+    col = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file-jaeger.yaml", tmp_path, {
+        "OTELCOL_FILE_DIR": str(trace_dir), "OTELCOL_JAEGER_ENDPOINT": jaeger.otlp_grpc_endpoint})
     try:
-        endpoint = f"127.0.0.1:{col.grpc_port}"  # sglang's form: host:port
-        summary = run_in_child("demo", {
-            "trace_dir": str(tmp_path / "trace"), "steps": 1, "prompts": 2, "n": 2, "agent": "single",
-            "server": "sglang", "validate": False,
-            "overrides": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_trace=true",
-                          f"+actor_rollout_ref.rollout.engine_kwargs.sglang.otlp_traces_endpoint={endpoint}"],
-        }, str(tmp_path / "work"), env={"OTEL_EXPORTER_OTLP_ENDPOINT": col.otlp_grpc_endpoint})
+        try:
+            endpoint = f"127.0.0.1:{col.grpc_port}"  # sglang's form: host:port
+            summary = run_in_child("demo", {
+                "trace_dir": str(tmp_path / "trace"), "steps": 1, "prompts": 2, "n": 2, "agent": "single",
+                "server": "sglang", "validate": False,
+                "overrides": ["+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_trace=true",
+                              f"+actor_rollout_ref.rollout.engine_kwargs.sglang.otlp_traces_endpoint={endpoint}"],
+            }, str(tmp_path / "work"), env={"OTEL_EXPORTER_OTLP_ENDPOINT": col.otlp_grpc_endpoint})
+        finally:
+            assert col.process.stop() == 0, col.process.log_tail()
+        assert sorted(p.name for p in trace_dir.iterdir()) == [summary["run_id"]]  # no _no_run_id group
+        spans = spans_from_files([str(p) for p in (trace_dir / summary["run_id"] / "otlp").glob("*.jsonl")])
+        uids = {s["attributes"]["verl.uid"] for s in spans if s["name"].startswith("chat ")}
+        assert len(uids) == 2
+        in_files = {uid: [s for s in spans if s["traceId"] == format(trace_id_for_uid(uid), "032x")] for uid in uids}
+        in_jaeger = {uid: ob.flat_spans(jaeger.wait_for_trace(format(trace_id_for_uid(uid), "032x"),
+                                                              min_spans=len(in_files[uid]), raw=True))
+                     for uid in uids}
     finally:
-        assert col.process.stop() == 0, col.process.log_tail()
-    run_spans = spans_from_files([str(p) for p in (trace_dir / summary["run_id"] / "otlp").glob("*.jsonl")])
-    engine_spans = spans_from_files([str(p) for p in (trace_dir / "_no_run_id" / "otlp").glob("*.jsonl")])
-    chats = {s["spanId"]: s for s in run_spans if s["name"].startswith("chat ")}
-    roots = [s for s in engine_spans if s["name"].startswith(" Req ")]
-    assert len(chats) == 2 * 2 and len(roots) == len(chats)  # single-turn agent: one request per trajectory
-    assert {r["parentSpanId"] for r in roots} == set(chats)
+        jaeger.process.stop()
+
+    engine_spans = [s for s in spans if s["resource"]["service.name"] == "sglang"]
+    assert {s["resource"]["verl.run_id"] for s in engine_spans} == {summary["run_id"]}
+    _assert_engine_requests_under_chats(spans, per_uid=2)
+    for uid, trace in in_jaeger.items():
+        assert {s["spanId"] for s in trace} == {s["spanId"] for s in in_files[uid]}, uid  # the whole trace
+        _assert_engine_requests_under_chats(trace, per_uid=2)
+
+
+def _assert_engine_requests_under_chats(spans: list, per_uid: int) -> None:
+    """One sglang request root per chat span (single-turn agent), each the chat's child in
+    the chat's uid's trace, with sglang's stages below it."""
+    from otel_verl.ids import trace_id_for_uid
+
+    chats = {s["spanId"]: s for s in spans if s["name"].startswith("chat ")}
+    roots = [s for s in spans if s["name"].startswith(" Req ")]
+    assert len(chats) == per_uid * len({c["attributes"]["verl.uid"] for c in chats.values()})
+    assert len(roots) == len(chats) and {r["parentSpanId"] for r in roots} == set(chats)
     for root in roots:
         uid = chats[root["parentSpanId"]]["attributes"]["verl.uid"]
         assert root["traceId"] == format(trace_id_for_uid(uid), "032x")
-    assert {s["resource"]["service.name"] for s in engine_spans} == {"sglang"}
-    assert {s["traceId"] for s in engine_spans} == {r["traceId"] for r in roots}
+        tree = descendants(spans, root)
+        assert {s["name"] for s in tree} >= {"tokenize", "prefill_forward", "decode_forward"}
+        assert {s["resource"]["service.name"] for s in tree} == {"sglang"}
