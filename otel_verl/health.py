@@ -24,6 +24,7 @@ _lock = threading.Lock()
 _failures: Counter = Counter()  # where -> how many exceptions otel_verl swallowed
 _dropped: Counter = Counter()  # output -> how many rows/lines/spans were not written
 _notes: Counter = Counter()  # what -> how many times a configuration note applied
+_served: Dict[str, Dict[str, int]] = {}  # an export process: its traced process's own counters
 _reported: set = set()
 REPORT_INTERVAL_S = 300.0
 _last_totals_at = time.monotonic()
@@ -104,6 +105,24 @@ def snapshot() -> Dict[str, Dict[str, int]]:
         return {"failures": dict(_failures), "dropped": dict(_dropped)}
 
 
+def record_served(counts: Dict[str, Dict[str, int]]) -> None:
+    """In an export process: the traced process's own counters as of its latest flush
+    (they are logged there, so only :func:`totals` reads them here)."""
+    global _served
+    with _lock:
+        _served = {kind: dict(counts.get(kind, {})) for kind in ("failures", "dropped")}
+
+
+def totals() -> Dict[str, Dict[str, int]]:
+    """:func:`snapshot` plus, in an export process, its traced process's own counters:
+    everything lost of that process's telemetry, for the metrics."""
+    with _lock:
+        out = {"failures": Counter(_failures), "dropped": Counter(_dropped)}
+        for kind, counts in _served.items():
+            out[kind].update(counts)
+    return {kind: dict(counts) for kind, counts in out.items()}
+
+
 def notes() -> Dict[str, int]:
     """Configuration notes so far: name -> how many times it applied."""
     with _lock:
@@ -117,11 +136,13 @@ def total_dropped() -> int:
 
 def reset() -> None:
     """Forget all counters (tests, and a forked child starting afresh)."""
+    global _served
     with _lock:
         _failures.clear()
         _dropped.clear()
         _notes.clear()
         _reported.clear()
+        _served = {}
 
 
 def _reinit_lock_in_child() -> None:

@@ -8,6 +8,7 @@ import glob
 import io
 import json
 import logging
+import operator
 import os
 import signal
 import threading
@@ -45,8 +46,12 @@ class Pipelines:
         assert isinstance(self.offload, OffloadSpanProcessor)
         self.provider.add_span_processor(self.offload)
         assert tracing.use_provider(self.provider, cfg_here)
+        self.closed = False
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         self.provider.shutdown()
         tracing.stop()
         bootstrap._legacy.clear()
@@ -146,6 +151,49 @@ def test_decode_functions_made_per_trajectory_reach_the_export_process(pipelines
     assert texts == {f"u{i}": f"text of {i}" for i in range(count)}
     assert len(p.offload._codecs) <= forwarder.MAX_CODECS
     assert health.snapshot() == {"failures": {}, "dropped": {}}
+
+
+class _DecodeThatDoesNotUnpickle:
+    """A tokenizer's decode that pickles but fails to unpickle: the export process counts
+    an ``offload.tokenizer`` failure of its own."""
+
+    def __call__(self, ids, **kwargs):
+        return "text"
+
+    def __reduce__(self):
+        return operator.truediv, (1, 0)
+
+
+def test_the_export_process_metrics_report_this_process_losses_once(pipelines, tmp_path):
+    """A rollout worker's own losses (a wrapper's failure, spans it could not hand over)
+    reach the backend through its export process's metrics; a failure of the export
+    process, which this process counts too, is reported once."""
+    from otel_verl.exporters import metrics as m
+
+    p = pipelines()
+    health.record_failure("events.test", RuntimeError("a wrapper failed"))
+    health.record_dropped("offload", 2, "test")
+    with events.trajectory("u0", "0", step=1, agent_name="a", decode=_DecodeThatDoesNotUnpickle()):
+        with events.llm_call([1, 2, 3], model="m") as turn:
+            turn.finish([4, 5], stop_reason="stop")
+    assert p.provider.force_flush()
+    _wait_until(lambda: health.snapshot()["failures"].get("offload.tokenizer"))  # relayed here
+    assert p.provider.force_flush()  # a Flush after the relay: sent without it
+    p.close()  # the export process collects its metrics a last time and exits
+
+    points = {}
+    for path in glob.glob(str(tmp_path / "there" / "otlp-metrics" / "*.jsonl")):
+        with open(path) as f:
+            for line in f:
+                for rm in json.loads(line)["resourceMetrics"]:
+                    for sm in rm["scopeMetrics"]:
+                        for metric in sm["metrics"]:
+                            for point in metric.get("sum", {}).get("dataPoints", []):
+                                label = {a["key"]: a["value"]["stringValue"] for a in point["attributes"]}
+                                points[(metric["name"], *label.values())] = int(point["asInt"])  # the latest
+    assert points[(m.FAILURES, "events.test")] == 1
+    assert points[(m.FAILURES, "offload.tokenizer")] == 1
+    assert points[(m.DROPPED, "offload")] == 2
 
 
 def _outputs(root) -> dict:

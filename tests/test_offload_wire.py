@@ -213,8 +213,8 @@ def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
 
 
 def test_a_torn_stream_ends_without_a_message():
-    data = wire.frame(wire.Flush(1))
-    assert wire.read_frame(io.BytesIO(data)) == wire.Flush(1)
+    data = wire.frame(wire.Flush(1, {"failures": {"x": 1}, "dropped": {}}))
+    assert wire.read_frame(io.BytesIO(data)) == wire.Flush(1, {"failures": {"x": 1}, "dropped": {}})
     assert wire.read_frame(io.BytesIO(data[:-1])) is None
     assert wire.read_frame(io.BytesIO(b"")) is None
 
@@ -274,6 +274,6 @@ def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_
 
 def test_every_message_crosses_a_frame_as_itself():
     messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Codec(1, pickle.dumps((len, len))),
-                wire.ForgetCodec(1), wire.Flush(2), wire.Flushed(2, True, {"failures": {}, "dropped": {}}),
+                wire.ForgetCodec(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, {"failures": {}, "dropped": {}}),
                 wire.Spans([])]
     assert [wire.read_frame(io.BytesIO(wire.frame(m))) for m in messages] == messages

@@ -9,7 +9,8 @@ dashboard groups by (stage, agent, model, tool, outcome); never a uid, traj_uid 
 The MeterProvider is built on the first span end, with that span's resource (in an export
 process, the served process's), so the metrics and the traces name the same service. It also
 observes otel_verl's own loss and failure counters (:mod:`otel_verl.health`) at every
-collection, so a loss shows in the backend while the run goes on.
+collection, so a loss shows in the backend while the run goes on; an export process adds
+those its traced process sent with its latest flush.
 """
 
 from __future__ import annotations
@@ -181,12 +182,12 @@ class _Instruments:
 
 
 def _observe_dropped(options: Any) -> Iterable[metrics_api.Observation]:
-    counts = health.snapshot()["dropped"]
+    counts = health.totals()["dropped"]
     return [metrics_api.Observation(n, {OUTPUT_ATTRIBUTE: name}) for name, n in counts.items()]
 
 
 def _observe_failures(options: Any) -> Iterable[metrics_api.Observation]:
-    counts = health.snapshot()["failures"]
+    counts = health.totals()["failures"]
     return [metrics_api.Observation(n, {WHERE_ATTRIBUTE: name}) for name, n in counts.items()]
 
 

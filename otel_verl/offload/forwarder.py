@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
@@ -189,7 +189,10 @@ class OffloadSpanProcessor(SpanProcessor):
     def _start(self) -> None:
         self._pending: deque = deque()  # (STARTED/ENDED, span, payload, start attributes) or (FLUSH, seq)
         self._wake = threading.Event()
-        self._replies = threading.Condition()  # guards flush results and the acknowledgement counts
+        self._replies = threading.Condition()  # guards flush results, acknowledgements, relayed counts
+        # what the export processes counted and this process took over: a Flush sends this
+        # process's own counters, which are health's less these
+        self._relayed: Dict[str, Counter] = {"failures": Counter(), "dropped": Counter()}
         self._lifecycle = threading.Lock()  # no export process starts once shutdown began
         self._flush_seq = 0
         self._flush_results: Dict[int, Optional[bool]] = {}  # force_flush calls waiting: seq -> answer
@@ -293,7 +296,7 @@ class OffloadSpanProcessor(SpanProcessor):
         frames += [wire.frame(forget) for forget in self._forgotten_codecs]
         self._forgotten_codecs = []
         if flush is not None:
-            frames.append(wire.frame(wire.Flush(flush)))
+            frames.append(wire.frame(wire.Flush(flush, self._own_counts())))
         with self._replies:  # counted before the answer that acknowledges them can come
             child.ends_sent += ends
             if flush is not None:
@@ -468,11 +471,23 @@ class OffloadSpanProcessor(SpanProcessor):
     def _merge_counts(self, child: "ExportProcess", counts: Dict[str, Dict[str, int]]) -> None:
         """The export process's own losses and failures, counted here too (once)."""
         seen = child.counts_seen
-        for name, count in counts.get("dropped", {}).items():
-            health.record_dropped(name, count - seen["dropped"].get(name, 0), "counted in the export process")
-        for name, count in counts.get("failures", {}).items():
-            health.record_failures(name, count - seen["failures"].get(name, 0), "in the export process")
+        merges = (("dropped", health.record_dropped, "counted in the export process"),
+                  ("failures", health.record_failures, "in the export process"))
+        with self._replies:  # with the relayed counts at once: a Flush's own counts never go down
+            for kind, record, context in merges:
+                for name, count in counts.get(kind, {}).items():
+                    added = count - seen[kind].get(name, 0)
+                    if added > 0:
+                        self._relayed[kind][name] += added
+                        record(name, added, context)
         child.counts_seen = counts
+
+    def _own_counts(self) -> Dict[str, Dict[str, int]]:
+        """This process's health counters less those relayed from export processes."""
+        with self._replies:
+            counts = health.snapshot()
+            return {kind: {name: n - self._relayed[kind][name] for name, n in counts[kind].items()
+                           if n > self._relayed[kind][name]} for kind in counts}
 
     # ------------------------------------------------------------------ losses
 

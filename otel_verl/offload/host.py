@@ -60,6 +60,7 @@ class Host:
         elif isinstance(message, wire.ForgetCodec):
             self.codecs.pop(message.codec_id, None)
         elif isinstance(message, wire.Flush):
+            health.record_served(message.counts)
             ok = self.processor.force_flush()
             wire.write_frame(reply, wire.Flushed(message.seq, bool(ok), health.snapshot()))
         else:

@@ -12,7 +12,8 @@ Traced process -> export process (its stdin):
 - :class:`Flush`: answered with :class:`Flushed` once everything sent before it has been
   written and exported. That answer acknowledges those spans: the traced process sends a
   Flush at least every second while spans flow, and counts as lost what an export process
-  died without acknowledging.
+  died without acknowledging. A Flush also carries the traced process's own loss and
+  failure counters, which the export process's metrics report.
 
 Export process -> traced process (the reply pipe): :class:`Hello` first, then a
 :class:`Flushed` per :class:`Flush`, and one with ``seq`` :data:`FINAL` at exit.
@@ -54,7 +55,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from otel_verl.payload import Payload, TrajectoryData, TurnData
 from otel_verl.semconv import Subject
 
-VERSION = 1  # of this wire format: a change to any message below needs a new one
+VERSION = 2  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
 UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -96,7 +97,11 @@ class ForgetCodec(NamedTuple):
 
 
 class Flush(NamedTuple):
+    """Asks for a :class:`Flushed`; carries the traced process's own health counters
+    (without those the export process sent it), for the export process's metrics."""
+
     seq: int
+    counts: Dict[str, Dict[str, int]]
 
 
 class Flushed(NamedTuple):
