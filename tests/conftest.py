@@ -18,7 +18,7 @@ class Pipeline:
     starts the SDK's own spans instead, as with a provider otel_verl did not build."""
 
     def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None,
-                 sdk_spans: bool = False) -> None:
+                 sdk_spans: bool = False, resource: dict | None = None) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -32,7 +32,8 @@ class Pipeline:
         self.exporter = InMemorySpanExporter()
         self.ids = UidIdGenerator()
         self.provider = TracerProvider(
-            resource=Resource.create({"service.name": "verl", "verl.role": "trainer", "verl.run_id": "test-run"}),
+            resource=Resource.create({"service.name": "verl", "verl.role": "trainer", "verl.run_id": "test-run",
+                                      **(resource or {})}),
             sampler=record_dropped_samples(sampler),
             id_generator=self.ids,
             active_span_processor=(active := IsolatingSpanProcessor()),  # as bootstrap: subjects routed per processor
@@ -61,13 +62,13 @@ class Pipeline:
 
 @pytest.fixture
 def make_pipeline():
-    """``make_pipeline([processors], env=None, sampler=None, sdk_spans=False) -> Pipeline``;
-    closed after the test."""
+    """``make_pipeline([processors], env=None, sampler=None, sdk_spans=False, resource=None)
+    -> Pipeline``; closed after the test."""
     made: List[Pipeline] = []
 
     def factory(processors: Iterable[Any] = (), env: dict | None = None, sampler: Any = None,
-                sdk_spans: bool = False) -> Pipeline:
-        pipeline = Pipeline(processors, env, sampler, sdk_spans)
+                sdk_spans: bool = False, resource: dict | None = None) -> Pipeline:
+        pipeline = Pipeline(processors, env, sampler, sdk_spans, resource)
         made.append(pipeline)
         return pipeline
 

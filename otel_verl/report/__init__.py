@@ -11,8 +11,9 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
 - ``slowest_trajectories``: the slowest trajectories split into LLM (client; and the
   server's queue / prefill / decode when it reported them), tools, reward, other;
 - ``samples``: ``verl.sample`` outcomes and the samples that never finished;
-- ``losses``: drop counters (none recorded in files), SDK span-limit drops, and the
-  legacy-files-vs-spans consistency checks;
+- ``losses``: otel_verl's loss and failure counters from a trace dir's metric files
+  (``recorded``: ``{"dropped": {output: n}, "failures": {where: n}}``, ``None`` without
+  metric files), SDK span-limit drops, and the legacy-files-vs-spans consistency checks;
 - ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`.
 
 :func:`otel_verl.report.text.render` prints it as tables; :func:`otel_verl.report.timeline.draw`

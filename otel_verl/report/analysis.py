@@ -13,9 +13,10 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
   (``verl.reward`` spans) and the rest.
 - **samples**: ``verl.sample`` roots by outcome; a uid seen in worker spans or the
   sample-flow CSV without a finished root (and without a ``COMPLETE`` CSV row) never finished.
-- **losses**: otel_verl counts what it could not write in-process (``otel_verl.health``) and
-  logs it at shutdown; nothing of it reaches the files, so the report says "none recorded"
-  and checks instead that the legacy files and the spans tell the same story.
+- **losses**: otel_verl's own counters of what it could not write and of the failures it
+  swallowed (``otel_verl.dropped`` / ``otel_verl.failures``), as a trace dir's metric
+  files (``otlp-metrics/``) last recorded them, summed over processes; without metric files
+  "none recorded". Also whether the legacy files and the spans tell the same story.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc, server_timing
-from otel_verl.report.inputs import InputError, Inputs, Lines, read_spans, resolve
+from otel_verl.exporters import metrics as metric_names
+from otel_verl.report.inputs import InputError, Inputs, Lines, read_counters, read_spans, resolve
 
 NS = 1e9
 FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
@@ -335,13 +337,28 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
             else:
                 verdict = "more spans than legacy lines: legacy lines lost (or files from another run)"
             checks.append({"what": label, "legacy": legacy, "trajectory_spans": n_spans, "verdict": verdict})
+    recorded, note = _loss_counters(inputs)
     return {
-        "recorded": None,  # otel_verl's loss counters stay in-process (logged at shutdown)
-        "note": "none recorded: otel_verl counts losses in-process and logs them at shutdown; they are not in the files",
+        "recorded": recorded,
+        "note": note,
         "span_limit_drops": limits,
         "truncated_lines": len(lines.truncated),
         "consistency": checks,
     }
+
+
+def _loss_counters(inputs: Inputs) -> Tuple[Optional[Dict[str, Dict[str, int]]], str]:
+    """otel_verl's loss counters from the metric files (``None`` without any), and a line
+    saying what they are."""
+    if not inputs.metric_files:
+        return None, ("none recorded: no metric files among the inputs (metrics off or sent over OTLP); "
+                      "otel_verl logs its losses")
+    counters, processes = read_counters(inputs.metric_files, (metric_names.DROPPED, metric_names.FAILURES))
+    recorded = {kind: {"/".join(labels): n for labels, n in sorted(counters[name].items()) if n}
+                for kind, name in (("dropped", metric_names.DROPPED), ("failures", metric_names.FAILURES))}
+    said = "; ".join(f"{kind} " + (", ".join(f"{k}={n}" for k, n in counts.items()) or "none")
+                     for kind, counts in recorded.items())
+    return recorded, f"{said} (the metric files of {processes} process{'es' if processes != 1 else ''})"
 
 
 def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Sequence, Tuple
 from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
 
 OTLP_SUFFIXES = (".jsonl", ".json")
+METRICS_DIR = "otlp-metrics"  # beside otlp/ in a trace dir (bootstrap.METRICS_FILES_DIR)
 
 
 class InputError(ValueError):
@@ -31,6 +32,8 @@ class Inputs:
     sample_csv: List[str] = field(default_factory=list)
     progress_logs: List[str] = field(default_factory=list)
     trajectory_jsonl: List[str] = field(default_factory=list)
+    # the OTLP-JSON metric files of trace dirs among the paths (otel_verl's loss counters)
+    metric_files: List[str] = field(default_factory=list)
 
     @property
     def has_legacy(self) -> bool:
@@ -65,6 +68,7 @@ def resolve(paths: Sequence[str]) -> Inputs:
             out.sample_csv += sorted(glob.glob(os.path.join(path, "sample", "*.csv")))
             out.progress_logs += sorted(glob.glob(os.path.join(path, "progress", "*.log")))
             out.trajectory_jsonl += sorted(glob.glob(os.path.join(path, "trajectory", "*.jsonl")))
+            out.metric_files += sorted(glob.glob(os.path.join(path, METRICS_DIR, "*.jsonl")))
         else:
             files = _otlp_files_in(path)
         if not files:
@@ -143,3 +147,42 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
         except (AttributeError, TypeError, ValueError) as exc:
             raise InputError(f"{path}:{number}: malformed OTLP-JSON ({type(exc).__name__}: {exc})") from None
     return out
+
+
+def read_counters(files: Sequence[str], names: Sequence[str]) -> Tuple[Dict[str, Dict[Tuple[str, ...], int]], int]:
+    """The latest value of each cumulative counter ``names`` in OTLP-JSON metric files,
+    summed over the processes that wrote them: ``({name: {attribute values: value}},
+    number of processes)``. A process is its resource (``service.instance.id`` tells two
+    processes of one service apart); each line holds a whole collection, so the newest
+    point of a process is its total. A torn last line is skipped, as for spans."""
+    latest: Dict[Tuple[str, str, Tuple[str, ...]], Tuple[int, int]] = {}  # -> (time, value)
+    processes = set()
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                raw_lines = f.readlines()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        for number, raw in enumerate(raw_lines, 1):
+            if not raw.strip() or (number == len(raw_lines) and not raw.endswith(b"\n")):
+                continue
+            try:
+                for resource_metrics in json.loads(raw)["resourceMetrics"]:
+                    process = json.dumps((resource_metrics.get("resource") or {}).get("attributes"), sort_keys=True)
+                    processes.add(process)
+                    for scope_metrics in resource_metrics.get("scopeMetrics") or ():
+                        for metric in scope_metrics.get("metrics") or ():
+                            if metric.get("name") not in names:
+                                continue
+                            for point in (metric.get("sum") or {}).get("dataPoints") or ():
+                                labels = tuple(str(v) for v in attributes_to_dict(point.get("attributes")).values())
+                                key = (process, metric["name"], labels)
+                                seen = (int(point.get("timeUnixNano", 0)), int(point.get("asInt", 0)))
+                                if key not in latest or seen[0] >= latest[key][0]:
+                                    latest[key] = seen
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise InputError(f"{path}:{number}: not OTLP-JSON metric data ({type(exc).__name__}: {exc})") from None
+    totals: Dict[str, Dict[Tuple[str, ...], int]] = {name: {} for name in names}
+    for (_, name, labels), (_, value) in latest.items():
+        totals[name][labels] = totals[name].get(labels, 0) + value
+    return totals, len(processes)

@@ -81,7 +81,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
 
     losses = report["losses"]
     console.print("", markup=False)
-    console.print(f"Drop counters: {losses['note']}", markup=False, highlight=False)
+    console.print(f"Loss counters: {losses['note']}", markup=False, highlight=False)
     limits = losses["span_limit_drops"]
     console.print(
         f"SDK span-limit drops: attributes {limits['attributes']}, events {limits['events']}, links {limits['links']}",

@@ -1,0 +1,61 @@
+"""``otel-verl report`` on files written here (the demo-based report tests are in test_cli)."""
+
+from __future__ import annotations
+
+import glob
+import json
+
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from otel_verl import events, health
+from otel_verl.exporters import metrics as m
+from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
+from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
+from otel_verl.report import build
+from otel_verl.report.inputs import read_counters
+
+
+def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:
+    """One process of a run writing spans and metric files into ``trace_dir``; ``losses()``
+    counts its losses between two collections of its metrics."""
+    metrics = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(
+        OtlpJsonMetricFileExporter(str(trace_dir / "otlp-metrics")), export_interval_millis=60_000)])
+    spans = SimpleSpanProcessor(OtlpJsonFileExporter(str(trace_dir / "otlp")))
+    pipeline = make_pipeline([metrics, spans], resource={"service.instance.id": instance})
+    health.reset()
+    with events.trajectory(f"uid-{instance}", "0", step=1, agent_name="a"):
+        pass
+    assert metrics.force_flush()  # a first collection, before the losses
+    losses()
+    pipeline.close()  # the last collection
+
+
+def test_the_report_sums_each_processes_last_loss_counters(make_pipeline, tmp_path):
+    trace_dir = tmp_path / "trace"
+
+    def first():
+        health.record_dropped("otlp", 3, "test")
+        health.record_failure("events.trajectory", RuntimeError("x"))
+        health.record_dropped("otlp", 2, "test")
+
+    _traced_process(make_pipeline, trace_dir, "process-a", first)
+    _traced_process(make_pipeline, trace_dir, "process-b", lambda: health.record_dropped("otlp", 1, "test"))
+    files = sorted(glob.glob(str(trace_dir / "otlp-metrics" / "*.jsonl")))
+    with open(files[0], "a", encoding="utf-8") as f:  # a torn last line: a process killed mid-write
+        f.write(json.dumps({"resourceMetrics": []})[:10])
+
+    counters, processes = read_counters(files, (m.DROPPED, m.FAILURES))
+    assert processes == 2
+    assert counters == {m.DROPPED: {("otlp",): 6}, m.FAILURES: {("events.trajectory",): 1}}
+    losses = build([str(trace_dir)])["losses"]
+    assert losses["recorded"] == {"dropped": {"otlp": 6}, "failures": {"events.trajectory": 1}}
+    assert losses["note"] == "dropped otlp=6; failures events.trajectory=1 (the metric files of 2 processes)"
+
+
+def test_without_metric_files_the_report_says_none_recorded(make_pipeline, tmp_path):
+    make_pipeline([SimpleSpanProcessor(OtlpJsonFileExporter(str(tmp_path / "otlp")))])
+    with events.trajectory("uid", "0", step=1, agent_name="a"):
+        pass
+    losses = build([str(tmp_path)])["losses"]
+    assert losses["recorded"] is None and losses["note"].startswith("none recorded: no metric files")
