@@ -59,3 +59,24 @@ def test_without_metric_files_the_report_says_none_recorded(make_pipeline, tmp_p
         pass
     losses = build([str(tmp_path)])["losses"]
     assert losses["recorded"] is None and losses["note"].startswith("none recorded: no metric files")
+
+
+def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tmp_path, monkeypatch):
+    """Its start row is written, its span and its end lines are not: the report says it
+    never finished, where fewer spans than end lines would mean spans lost."""
+    from otel_verl import bootstrap, settings
+
+    monkeypatch.setattr(bootstrap, "_legacy", [])  # the outputs this test makes are its own
+    pipeline = make_pipeline(bootstrap.output_processors(settings.load({settings.TRACE_DIR: str(tmp_path)})))
+    with events.trajectory("uid-1", "0", step=1, agent_name="tool_agent"):
+        pass
+    running = events.trajectory("uid-1", "1", step=1, agent_name="tool_agent")
+    running.__enter__()
+    try:
+        assert pipeline.provider.force_flush()
+        checks = build([str(tmp_path)])["losses"]["consistency"]
+    finally:
+        running.__exit__(None, None, None)
+    assert [(c["legacy"], c["trajectory_spans"], c["verdict"]) for c in checks] == [
+        (1, 1, "consistent"), (1, 1, "consistent"),
+        (2, 1, "1 started and never finished: running when the run ended, or their process died")]

@@ -16,7 +16,8 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
 - **losses**: otel_verl's own counters of what it could not write and of the failures it
   swallowed (``otel_verl.dropped`` / ``otel_verl.failures``), as a trace dir's metric
   files (``otlp-metrics/``) last recorded them, summed over processes; without metric files
-  "none recorded". Also whether the legacy files and the spans tell the same story.
+  "none recorded". Also whether the legacy files and the spans tell the same story (a
+  start row without a span, where the end lines agree, is a trajectory still running).
 """
 
 from __future__ import annotations
@@ -325,13 +326,19 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
         task_lines = _count_lines(inputs.progress_logs, lambda line: bool(_TASK_LINE.match(line)))
         jsonl_lines = _count_lines(inputs.trajectory_jsonl)
         started = sum(1 for row in _read_csv_rows(inputs.sample_csv) if len(row) >= 6 and _starts_trajectory(row[5]))
-        for label, legacy in (
-            ("progress log 'Task ... is completed' lines", task_lines),
-            ("trajectory JSONL lines", jsonl_lines),
-            ("sample-flow CSV trajectory start rows", started),
+        # lines written when a trajectory ends, as its span: these agree with the spans
+        # where no span was lost, while a start row may belong to a trajectory still running
+        ended = [n for n in (task_lines, jsonl_lines) if n]
+        for label, legacy, at_start in (
+            ("progress log 'Task ... is completed' lines", task_lines, False),
+            ("trajectory JSONL lines", jsonl_lines, False),
+            ("sample-flow CSV trajectory start rows", started, True),
         ):
             if legacy == n_spans:
                 verdict = "consistent"
+            elif at_start and legacy > n_spans and ended and set(ended) == {n_spans}:
+                verdict = (f"{legacy - n_spans} started and never finished: running when the run ended, "
+                           "or their process died")
             elif legacy > n_spans:
                 verdict = "fewer spans than legacy lines: OTLP sampling on, or spans lost"
             else:
