@@ -91,12 +91,16 @@ class Lines:
     lines: int = 0
 
 
-def iter_lines(files: Sequence[str], lines: Lines) -> Iterator[Tuple[str, int, Dict[str, Any]]]:
-    """``(path, line number, {"resourceSpans": [...]})`` for every whole line.
+_SIGNALS = {"resourceSpans": "trace", "resourceMetrics": "metric"}  # an OTLP line's list -> its data
+
+
+def iter_lines(files: Sequence[str], lines: Lines, data: str = "resourceSpans") -> Iterator[Tuple[str, int, Dict[str, Any]]]:
+    """``(path, line number, {data: [...]})`` for every whole line: ``data`` is
+    ``"resourceSpans"`` for trace files, ``"resourceMetrics"`` for metric files.
 
     A last line without its newline that does not parse is a file still being written
     (or cut by a crash): recorded in ``lines.truncated`` and skipped. Any other line that
-    is not JSON, or JSON that is not OTLP trace data, is an :class:`InputError`."""
+    is not JSON, or JSON that is not OTLP data of that signal, is an :class:`InputError`."""
     for path in files:
         try:
             f = open(path, "rb")
@@ -113,8 +117,8 @@ def iter_lines(files: Sequence[str], lines: Lines) -> Iterator[Tuple[str, int, D
                         lines.truncated.append(Truncated(path, len(raw)))
                         continue
                     raise InputError(f"{path}:{number}: not an OTLP-JSON line (is this a trace file?)") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("resourceSpans"), list):
-                    raise InputError(f"{path}:{number}: JSON but not OTLP trace data (no \"resourceSpans\" list)")
+                if not isinstance(obj, dict) or not isinstance(obj.get(data), list):
+                    raise InputError(f"{path}:{number}: JSON but not OTLP {_SIGNALS[data]} data (no \"{data}\" list)")
                 lines.lines += 1
                 yield path, number, obj
 
@@ -157,32 +161,28 @@ def read_counters(files: Sequence[str], names: Sequence[str]) -> Tuple[Dict[str,
     point of a process is its total. A torn last line is skipped, as for spans."""
     latest: Dict[Tuple[str, str, Tuple[str, ...]], Tuple[int, int]] = {}  # -> (time, value)
     processes = set()
-    for path in files:
+    for path, number, obj in iter_lines(files, Lines(), "resourceMetrics"):
         try:
-            with open(path, "rb") as f:
-                raw_lines = f.readlines()
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        for number, raw in enumerate(raw_lines, 1):
-            if not raw.strip() or (number == len(raw_lines) and not raw.endswith(b"\n")):
-                continue
-            try:
-                for resource_metrics in json.loads(raw)["resourceMetrics"]:
-                    process = json.dumps((resource_metrics.get("resource") or {}).get("attributes"), sort_keys=True)
-                    processes.add(process)
-                    for scope_metrics in resource_metrics.get("scopeMetrics") or ():
-                        for metric in scope_metrics.get("metrics") or ():
-                            if metric.get("name") not in names:
-                                continue
-                            for point in (metric.get("sum") or {}).get("dataPoints") or ():
-                                labels = tuple(str(v) for v in attributes_to_dict(point.get("attributes")).values())
-                                key = (process, metric["name"], labels)
-                                seen = (int(point.get("timeUnixNano", 0)), int(point.get("asInt", 0)))
-                                if key not in latest or seen[0] >= latest[key][0]:
-                                    latest[key] = seen
-            except (AttributeError, KeyError, TypeError, ValueError) as exc:
-                raise InputError(f"{path}:{number}: not OTLP-JSON metric data ({type(exc).__name__}: {exc})") from None
+            for resource_metrics in obj["resourceMetrics"]:
+                process = json.dumps((resource_metrics.get("resource") or {}).get("attributes"), sort_keys=True)
+                processes.add(process)
+                for name, labels, time_ns, value in _sum_points(resource_metrics, names):
+                    key = (process, name, labels)
+                    if key not in latest or time_ns >= latest[key][0]:
+                        latest[key] = (time_ns, value)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{path}:{number}: malformed OTLP-JSON metrics ({type(exc).__name__}: {exc})") from None
     totals: Dict[str, Dict[Tuple[str, ...], int]] = {name: {} for name in names}
     for (_, name, labels), (_, value) in latest.items():
         totals[name][labels] = totals[name].get(labels, 0) + value
     return totals, len(processes)
+
+
+def _sum_points(resource_metrics: Dict[str, Any], names: Sequence[str]) -> Iterator[Tuple[str, Tuple[str, ...], int, int]]:
+    """``(metric name, attribute values, time, value)`` of each integer sum point of ``names``."""
+    for scope_metrics in resource_metrics.get("scopeMetrics") or ():
+        for metric in scope_metrics.get("metrics") or ():
+            if metric.get("name") in names:
+                for point in (metric.get("sum") or {}).get("dataPoints") or ():
+                    labels = tuple(str(v) for v in attributes_to_dict(point.get("attributes")).values())
+                    yield metric["name"], labels, int(point.get("timeUnixNano", 0)), int(point.get("asInt", 0))
