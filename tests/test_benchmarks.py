@@ -160,3 +160,16 @@ def test_the_instruction_count_benchmark_counts_the_measured_round(tmp_path):
     assert all(int(v) > 0 for v in counts.values())
     added = dict(re.findall(r"per (single-turn trajectory|extra LLM turn): +(-?\d+)k", proc.stdout))
     assert int(added["single-turn trajectory"]) > 0 and int(added["extra LLM turn"]) > 0, proc.stdout
+
+
+def test_the_sdk_cost_benchmark_prices_a_trajectorys_spans_and_records():
+    """bench_sdk_costs, tiny size: a single-turn trajectory's 4 spans and 9 metric records
+    (trajectory 1, LLM call 3, server 4, reward 1) are priced."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_sdk_costs.py"), "--quick"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "spans per trajectory: 4 (" in proc.stdout, proc.stdout
+    assert re.search(r"metric records: 9 per trajectory x [\d.]+ us", proc.stdout), proc.stdout
+    assert re.search(r"OTLP protobuf encoding: [1-9]\d* us per trajectory", proc.stdout), proc.stdout
