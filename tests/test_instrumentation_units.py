@@ -164,6 +164,36 @@ def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
         del sys.modules["fake_off_mod"]
 
 
+class _Client:
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        return [request_id, len(prompt_ids)]
+
+
+def test_with_tracing_off_the_llm_client_returns_verls_own_coroutine():
+    """No layer of ours around an LLM call while the events API reports nowhere: the
+    wrapped generate hands back verl's coroutine itself."""
+    import asyncio
+    import sys
+    import types
+
+    from otel_verl import events
+    from otel_verl.instrumentation import llm_client
+
+    module = types.ModuleType("fake_client_mod")
+    module.Client = _Client
+    sys.modules["fake_client_mod"] = module
+    generate = next(h for h in llm_client.HOOKS if h.target == "LLMServerClient.generate")
+    try:
+        hooks.install_all([hooks.Hook("fake_client_mod", "Client.generate", generate.wrapper)])
+        assert not events.enabled()
+        call = _Client().generate("r1", prompt_ids=[1, 2], sampling_params={})
+        assert call.cr_code is _Client.generate.__wrapped__.__code__
+        assert asyncio.run(call) == ["r1", 2]
+    finally:
+        hooks.uninstall_all()
+        del sys.modules["fake_client_mod"]
+
+
 class _Actor:
     def method(self, x):
         return x

@@ -47,40 +47,46 @@ def _turn(resumes: bool):
     """The wrapper of a client's generate; ``resumes``: the client calls the plain
     client again for an aborted request, and those calls are attempts of this turn."""
 
-    async def wrapper(wrapped, instance, args, kwargs):
-        try:
-            _, values = arguments(wrapped, instance, args, kwargs)
-            params = values.get("sampling_params") or {}
-            prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
-            model, provider = _model_and_provider(instance)
-            call = events.llm_call(
-                prompt_ids or (),
-                model=model,
-                provider=provider,
-                request_id=str(request_id),
-                max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
-                temperature=params.get("temperature"),
-                top_p=params.get("top_p"),
-                resumes=resumes,
-            )
-        except Exception as exc:
-            health.record_failure("llm_client.generate", exc)
-            output = await wrapped(*args, **kwargs)
-            _pop_server_meta(output)
-            return output
-        with call as turn:
-            output = await wrapped(*args, **kwargs)
-            server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
-            output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
-            turn.finish(
-                getattr(output, "token_ids", ()) or (),
-                stop_reason=getattr(output, "stop_reason", None),
-                output_tokens=output_tokens,
-                server_meta=server_meta,
-            )
-            return output
+    def wrapper(wrapped, instance, args, kwargs):
+        if not events.enabled():  # tracing is off here: verl's own coroutine, no layer of ours
+            return wrapped(*args, **kwargs)
+        return _traced_generate(wrapped, instance, args, kwargs, resumes)
 
     return wrapper
+
+
+async def _traced_generate(wrapped, instance, args, kwargs, resumes: bool):
+    try:
+        _, values = arguments(wrapped, instance, args, kwargs)
+        params = values.get("sampling_params") or {}
+        prompt_ids, request_id = values.get("prompt_ids"), values.get("request_id")
+        model, provider = _model_and_provider(instance)
+        call = events.llm_call(
+            prompt_ids or (),
+            model=model,
+            provider=provider,
+            request_id=str(request_id),
+            max_tokens=params.get("max_tokens", params.get("max_new_tokens")),
+            temperature=params.get("temperature"),
+            top_p=params.get("top_p"),
+            resumes=resumes,
+        )
+    except Exception as exc:
+        health.record_failure("llm_client.generate", exc)
+        output = await wrapped(*args, **kwargs)
+        _pop_server_meta(output)
+        return output
+    with call as turn:
+        output = await wrapped(*args, **kwargs)
+        server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
+        output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
+        turn.finish(
+            getattr(output, "token_ids", ()) or (),
+            stop_reason=getattr(output, "stop_reason", None),
+            output_tokens=output_tokens,
+            server_meta=server_meta,
+        )
+        return output
 
 
 def _pop_server_meta(output: Any) -> "dict | None":
@@ -91,6 +97,8 @@ def _pop_server_meta(output: Any) -> "dict | None":
 
 def _engine_request_id(wrapped, instance, args, kwargs):
     request_id = wrapped(*args, **kwargs)
+    if not events.enabled():
+        return request_id
     try:
         turn = events.current_turn()
         if turn is not None and turn.span is not None:
