@@ -15,6 +15,7 @@ counters and exits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -92,6 +93,13 @@ class Host:
         wire.write_frame(reply, wire.Flushed(wire.FINAL, True, health.snapshot()))
 
 
+def _keep_out_of_full_collections() -> None:
+    """Most of this process's heap is what it imported (the SDK, its exporters, a
+    tokenizer's library), kept until it exits: frozen, so that the cyclic GC's full
+    collections walk only the spans and lines in flight."""
+    gc.freeze()
+
+
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(
@@ -118,12 +126,16 @@ def main(argv: Optional[list] = None) -> int:
 
     _writer.name_outputs_after(config.config.pid)  # the served process's files
     host = Host(config.config)
+    _keep_out_of_full_collections()
     while True:
         body = wire.read_body(source)
         if body is None:  # the end of stdin (or of a frame torn by the served process's death)
             break
         try:
-            host.handle(pickle.loads(body), reply)
+            message = pickle.loads(body)
+            host.handle(message, reply)
+            if isinstance(message, wire.Codec):  # a tokenizer's library was imported
+                _keep_out_of_full_collections()
         except BrokenPipeError:
             break
         except Exception as exc:
