@@ -8,7 +8,7 @@ import json
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from otel_verl import events, health
+from otel_verl import bootstrap, events, health
 from otel_verl.exporters import metrics as m
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
@@ -17,10 +17,11 @@ from otel_verl.report.inputs import read_counters
 
 
 def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:
-    """One process of a run writing spans and metric files into ``trace_dir``; ``losses()``
-    counts its losses between two collections of its metrics."""
+    """One process of a run writing spans and metric files into ``trace_dir``, where the
+    configurator puts them; ``losses()`` counts its losses between two collections of its
+    metrics."""
     metrics = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(
-        OtlpJsonMetricFileExporter(str(trace_dir / "otlp-metrics")), export_interval_millis=60_000)])
+        OtlpJsonMetricFileExporter(str(trace_dir / bootstrap.METRICS_FILES_DIR)), export_interval_millis=60_000)])
     spans = SimpleSpanProcessor(OtlpJsonFileExporter(str(trace_dir / "otlp")))
     pipeline = make_pipeline([metrics, spans], resource={"service.instance.id": instance})
     health.reset()
@@ -41,7 +42,7 @@ def test_the_report_sums_each_processes_last_loss_counters(make_pipeline, tmp_pa
 
     _traced_process(make_pipeline, trace_dir, "process-a", first)
     _traced_process(make_pipeline, trace_dir, "process-b", lambda: health.record_dropped("otlp", 1, "test"))
-    files = sorted(glob.glob(str(trace_dir / "otlp-metrics" / "*.jsonl")))
+    files = sorted(glob.glob(str(trace_dir / bootstrap.METRICS_FILES_DIR / "*.jsonl")))
     with open(files[0], "a", encoding="utf-8") as f:  # a torn last line: a process killed mid-write
         f.write(json.dumps({"resourceMetrics": []})[:10])
 
@@ -64,7 +65,7 @@ def test_without_metric_files_the_report_says_none_recorded(make_pipeline, tmp_p
 def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tmp_path, monkeypatch):
     """Its start row is written, its span and its end lines are not: the report says it
     never finished, where fewer spans than end lines would mean spans lost."""
-    from otel_verl import bootstrap, settings
+    from otel_verl import settings
 
     monkeypatch.setattr(bootstrap, "_legacy", [])  # the outputs this test makes are its own
     pipeline = make_pipeline(bootstrap.output_processors(settings.load({settings.TRACE_DIR: str(tmp_path)})))
