@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -49,12 +49,13 @@ SERVER_META = {"prompt_tokens": 128, "completion_tokens": 256, "cached_tokens": 
                "prefill_finished_ts": 1.7e9 + 0.03}
 
 
-def run_trajectories(n: int) -> List[Any]:
-    """n single-turn trajectories through the events API; their spans, as the SDK ended them."""
+def run_trajectories(n: int) -> Tuple[List[Any], Any]:
+    """n single-turn trajectories through the events API: their spans, as the SDK ended
+    them, and the metrics their ends recorded."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    readers: List[Any] = []
-    metrics = SpanMetricsProcessor(lambda: readers.append(InMemoryMetricReader()) or readers)
+    reader = InMemoryMetricReader()
+    metrics = SpanMetricsProcessor(lambda: [reader])
     provider.add_span_processor(metrics)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     if not tracing.use_provider(provider, settings.load({"OTEL_VERL_ENABLED": "1"})):
@@ -73,10 +74,10 @@ def run_trajectories(n: int) -> List[Any]:
             with events.reward() as reward:
                 reward.score(1.0)
     spans = list(exporter.get_finished_spans())
-    metrics.shutdown()
+    metrics_data = reader.get_metrics_data()
     provider.shutdown()
     tracing.stop()
-    return spans, readers[0].get_metrics_data() if readers else None
+    return spans, metrics_data
 
 
 def best_cpu_s(work: Callable[[], Any], rounds: int) -> float:
