@@ -132,9 +132,11 @@ def main(argv: Optional[list] = None) -> int:
         if body is None:  # the end of stdin (or of a frame torn by the served process's death)
             break
         try:
-            message = pickle.loads(body)
-            host.handle(message, reply)
-            if isinstance(message, wire.Codec):  # a tokenizer's library was imported
+            modules = len(sys.modules)
+            host.handle(pickle.loads(body), reply)
+            # A tokenizer's library came with it: frozen too. Only then, as an agent loop
+            # may send a tokenizer per trajectory, and frozen cycles are never collected.
+            if len(sys.modules) > modules:
                 _keep_out_of_full_collections()
         except BrokenPipeError:
             break
