@@ -1,0 +1,179 @@
+"""The one record of an ended span, from the events API to every output.
+
+A :class:`SpanRecord` is flat: ids and flags as ints, attributes as a plain dict, events
+and links as tuples of small named tuples, the resource and scope shared by every record
+of a process, and the span's in-process :class:`~otel_verl.payload.Payload`. The events
+API's spans (:class:`otel_verl.slim_span.SlimSpan`) are records themselves, so a span's end
+hands its outputs the object it already is; the export process receives records in the
+same shape (:mod:`otel_verl.offload.wire`) and the OTLP encoder reads them as they are.
+
+Records read like the SDK's ``ReadableSpan`` too (``context``, ``parent``, ``status``,
+``instrumentation_scope``, ``get_span_context()``), for span processors written against
+the SDK; :func:`from_readable` and :meth:`SpanRecord.to_readable` convert both ways where
+an SDK exporter is the chosen encoder, or in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+_STATUS = {code: Status(code) for code in StatusCode}  # shared: most records never get a message
+
+
+class EventRecord(NamedTuple):
+    name: str
+    timestamp: int
+    attributes: Dict[str, Any]
+    dropped_attributes: int = 0
+
+
+class LinkRecord(NamedTuple):
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: Optional[TraceState]
+    is_remote: bool
+    attributes: Dict[str, Any]
+    dropped_attributes: int = 0
+
+    @property
+    def context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self.span_id, self.is_remote, TraceFlags(self.trace_flags),
+                           self.trace_state)
+
+
+class SpanRecord:
+    """One span, flat. ``parent_id`` is 0 for a root; ``end_time`` is ``None`` while the
+    span is open (a processor's ``on_start`` sees it so)."""
+
+    __slots__ = ("name", "trace_id", "span_id", "trace_flags", "trace_state", "parent_id", "parent_remote",
+                 "kind", "start_time", "end_time", "attributes", "events", "links", "status_code",
+                 "status_message", "dropped_attributes", "dropped_events", "dropped_links", "resource", "scope",
+                 "payload")
+
+    def __init__(self, name: str, trace_id: int, span_id: int, trace_flags: int = 0,
+                 trace_state: Optional[TraceState] = None, parent_id: int = 0, parent_remote: bool = False,
+                 kind: SpanKind = SpanKind.INTERNAL, start_time: int = 0, end_time: Optional[int] = None,
+                 attributes: Optional[Dict[str, Any]] = None, events: Tuple[EventRecord, ...] = (),
+                 links: Tuple[LinkRecord, ...] = (), status_code: StatusCode = StatusCode.UNSET,
+                 status_message: Optional[str] = None, dropped_attributes: int = 0, dropped_events: int = 0,
+                 dropped_links: int = 0, resource: Any = None, scope: Any = None, payload: Any = None) -> None:
+        self.name = name
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.trace_flags = trace_flags
+        self.trace_state = trace_state
+        self.parent_id = parent_id
+        self.parent_remote = parent_remote
+        self.kind = kind
+        self.start_time = start_time
+        self.end_time = end_time
+        self.attributes = {} if attributes is None else attributes
+        self.events = events
+        self.links = links
+        self.status_code = status_code
+        self.status_message = status_message
+        self.dropped_attributes = dropped_attributes
+        self.dropped_events = dropped_events
+        self.dropped_links = dropped_links
+        self.resource = resource
+        self.scope = scope
+        self.payload = payload
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.trace_flags & TraceFlags.SAMPLED)
+
+    # ------------------------------------------------------------------ as a ReadableSpan reads
+
+    @property
+    def context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self.span_id, False, _flags(self.trace_flags), self.trace_state)
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    @property
+    def parent(self) -> Optional[SpanContext]:
+        if not self.parent_id:
+            return None
+        return SpanContext(self.trace_id, self.parent_id, self.parent_remote, _flags(self.trace_flags))
+
+    @property
+    def status(self) -> Status:
+        if self.status_message is None:
+            return _STATUS[self.status_code]
+        return Status(self.status_code, self.status_message)
+
+    @property
+    def instrumentation_scope(self) -> Any:
+        return self.scope
+
+    def to_readable(self) -> Any:
+        """The SDK's ``ReadableSpan`` of this record (an SDK exporter's input)."""
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+
+        return ReadableSpan(
+            name=self.name, context=self.context, parent=self.parent, resource=self.resource,
+            attributes=_bounded(self.attributes, self.dropped_attributes),
+            events=_dropping([Event(e.name, _bounded(e.attributes, e.dropped_attributes), e.timestamp)
+                              for e in self.events], self.dropped_events),
+            links=_dropping([Link(link.context, _bounded(link.attributes, link.dropped_attributes))
+                             for link in self.links], self.dropped_links),
+            kind=self.kind, status=self.status, start_time=self.start_time, end_time=self.end_time,
+            instrumentation_scope=self.scope,
+        )
+
+    def __repr__(self) -> str:
+        return f"SpanRecord({self.name!r}, trace_id={self.trace_id:032x}, span_id={self.span_id:016x})"
+
+
+def from_readable(span: Any, payload: Any = None) -> SpanRecord:
+    """The record of an SDK ``ReadableSpan`` (or anything that reads like one)."""
+    context, parent, status = span.context, span.parent, span.status
+    return SpanRecord(
+        span.name, context.trace_id, context.span_id, int(context.trace_flags), context.trace_state or None,
+        parent.span_id if parent is not None else 0, bool(parent.is_remote) if parent is not None else False,
+        span.kind, span.start_time, span.end_time, dict(span.attributes or {}),
+        tuple(EventRecord(e.name, e.timestamp, dict(e.attributes or {}), _dropped(e.attributes)) for e in span.events),
+        tuple(LinkRecord(link.context.trace_id, link.context.span_id, int(link.context.trace_flags),
+                         link.context.trace_state or None, bool(link.context.is_remote), dict(link.attributes or {}),
+                         _dropped(link.attributes)) for link in span.links),
+        status.status_code, status.description, span.dropped_attributes, span.dropped_events, span.dropped_links,
+        span.resource, span.instrumentation_scope, payload,
+    )
+
+
+_FLAGS = {bits: TraceFlags(bits) for bits in range(256)}
+
+
+def _flags(bits: int) -> TraceFlags:
+    return _FLAGS[bits & 0xFF]
+
+
+def _dropped(attributes: Any) -> int:
+    return int(getattr(attributes, "dropped", 0) or 0)
+
+
+def _bounded(attributes: Dict[str, Any], dropped: int) -> Any:
+    """Attributes as the SDK keeps them when some were dropped (its ``dropped_*``
+    properties read the count off them); else the plain dict."""
+    if not dropped:
+        return attributes
+    from opentelemetry.attributes import BoundedAttributes
+
+    bounded = BoundedAttributes(attributes=attributes, immutable=True)
+    bounded.dropped = dropped
+    return bounded
+
+
+def _dropping(items: list, dropped: int) -> Any:
+    if not dropped:
+        return items
+    from opentelemetry.sdk.util import BoundedList
+
+    bounded = BoundedList.from_seq(None, items)
+    bounded.dropped = dropped
+    return bounded
