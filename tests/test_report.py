@@ -67,7 +67,6 @@ def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tm
     never finished, where fewer spans than end lines would mean spans lost."""
     from otel_verl import settings
 
-    monkeypatch.setattr(bootstrap, "_legacy", [])  # the outputs this test makes are its own
     pipeline = make_pipeline(bootstrap.output_processors(settings.load({settings.TRACE_DIR: str(tmp_path)})))
     with events.trajectory("uid-1", "0", step=1, agent_name="tool_agent"):
         pass

@@ -14,7 +14,14 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
 - ``losses``: otel_verl's loss and failure counters from a trace dir's metric files
   (``recorded``: ``{"dropped": {output: n}, "failures": {where: n}}``, ``None`` without
   metric files), SDK span-limit drops, and the legacy-files-vs-spans consistency checks;
-- ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`.
+- ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`;
+- ``tail``: per step the critical-path trajectory and its replica, the busiest and idlest
+  replica, the training and rollout sides' waits, and the staleness histogram
+  (:mod:`otel_verl.report.tail` defines them);
+- ``shape``: trainer, layout, sync / async, prompts per step, n, steps.
+
+:func:`otel_verl.report.compare.build_comparison` reads two runs and puts them side by side
+(``otel-verl report --compare A B``).
 
 :func:`otel_verl.report.text.render` prints it as tables; :func:`otel_verl.report.timeline.draw`
 draws the PNG.

@@ -18,6 +18,11 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
   files (``otlp-metrics/``) last recorded them, summed over processes; without metric files
   "none recorded". Also whether the legacy files and the spans tell the same story (a
   start row without a span, where the end lines agree, is a trajectory still running).
+- **tail**: per step the critical-path trajectory, the busiest and idlest LLM server
+  replica and each side's waiting time; the staleness of the trained samples
+  (:mod:`otel_verl.report.tail` defines them).
+- **shape**: trainer, layout, sync or async, prompts per step, n, steps (what
+  :mod:`otel_verl.report.compare` tells two runs apart by).
 """
 
 from __future__ import annotations
@@ -28,15 +33,17 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from otel_verl import semconv as sc, server_timing
+from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as metric_names
-from otel_verl.report.inputs import InputError, Inputs, Lines, read_counters, read_spans, resolve
+from otel_verl.report import tail
+from otel_verl.report.inputs import InputError, Inputs, Lines, read_counters, read_loss_files, read_spans, resolve
+from otel_verl.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory,
+                                    stage_of as _stage_of, training_trajectories, trajectory_split,
+                                    union_s as _union_s)
+from otel_verl.report.spans import server_split  # noqa: F401  (callers import it from here)
 
-NS = 1e9
 FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
 STAGE_ORDER = [s.value for s in sc.Stage]
-LLM_OPERATIONS = (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)
-STEP_STAGE_PREFIX = sc.step_stage_span_name("")
 _TASK_LINE = re.compile(r"^Task .+/[^/]+ is completed, ")
 
 
@@ -49,79 +56,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def duration_s(span: Dict[str, Any]) -> float:
-    return (span["endTimeUnixNano"] - span["startTimeUnixNano"]) / NS
-
-
-def is_trajectory(span: Dict[str, Any]) -> bool:
-    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT
-
-
-def is_llm_call(span: Dict[str, Any]) -> bool:
-    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) in LLM_OPERATIONS
-
-
-def is_tool(span: Dict[str, Any]) -> bool:
-    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL
-
-
-def _stage_of(span: Dict[str, Any]) -> str:
-    return span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
-
-
-def _union_s(intervals: Iterable[Tuple[int, int]]) -> float:
-    total, end = 0, None
-    for start, stop in sorted(intervals):
-        if end is None or start > end:
-            total += stop - start
-            end = stop
-        elif stop > end:
-            total += stop - end
-            end = stop
-    return total / NS
-
-
-def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[float]]]:
-    """The server's view of one LLM call, in seconds, from the ``verl.llm.server.*``
-    attributes of its server span:
-    ``e2e`` (e2e_latency), ``queue`` (queue_time), ``prefill`` (time to first token minus
-    queue, the ttft read as :func:`otel_verl.server_timing.ttft_s` reads it;
-    prefill_launch_latency when there is none) and ``decode`` (e2e - queue - prefill, at
-    least 0). ``None`` when the server reported no e2e_latency; queue, prefill and decode
-    are ``None`` when it reported nothing but e2e_latency (sglang without its metrics)."""
-    prefix = sc.LLM_SERVER_META_PREFIX
-    meta = {key[len(prefix):]: value for key, value in server_span["attributes"].items() if key.startswith(prefix)}
-    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
-    if e2e is None:
-        return None
-    if server_timing.timing_missing(meta):
-        return {"e2e": float(e2e), "queue": None, "prefill": None, "decode": None}
-    queue = float(server_timing.number(meta.get(server_timing.QUEUE_TIME)) or 0.0)
-    ttft = server_timing.ttft_s(meta)
-    if ttft is not None:
-        prefill = max(0.0, ttft - queue)
-    else:
-        prefill = float(server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY)) or 0.0)
-    return {"e2e": float(e2e), "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
-
-
-class _Index:
-    def __init__(self, spans: List[Dict[str, Any]]) -> None:
-        self.children: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
-        for span in spans:
-            if span["parentSpanId"]:
-                self.children[(span["traceId"], span["parentSpanId"])].append(span)
-
-    def descendants(self, span: Dict[str, Any]) -> List[Dict[str, Any]]:
-        out, todo = [], [span]
-        while todo:
-            current = todo.pop()
-            kids = self.children.get((current["traceId"], current["spanId"]), ())
-            out.extend(kids)
-            todo.extend(kids)
-        return out
 
 
 # --------------------------------------------------------------------------- sections
@@ -165,10 +99,6 @@ def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str
     return order, rows
 
 
-def training_trajectories(spans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [s for s in spans if is_trajectory(s) and not s["attributes"].get(sc.VALIDATE)]
-
-
 def rollout_section(trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     by_step: Dict[Any, List[float]] = defaultdict(list)
     for span in trajectories:
@@ -185,49 +115,6 @@ def rollout_section(trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "max_s": max(values),
         })
     return rows
-
-
-def trajectory_split(traj: Dict[str, Any], index: _Index) -> Dict[str, Any]:
-    attrs = traj["attributes"]
-    below = index.descendants(traj)
-    llm = [s for s in below if is_llm_call(s)]
-    tools = [s for s in below if is_tool(s)]
-    rewards = [s for s in below if s["name"] == sc.SPAN_REWARD]
-    total = duration_s(traj)
-    llm_s = sum(duration_s(s) for s in llm)
-    tool_s = sum(duration_s(s) for s in tools)
-    reward_s = sum(duration_s(s) for s in rewards)
-    splits = [server_split(_server_span_of(s, index)) for s in llm]
-    server = None
-    if llm and all(splits):
-        # a part one call lacks (a server without its metrics) is unknown for the trajectory
-        server = {key: None if any(s[key] is None for s in splits) else sum(s[key] for s in splits)
-                  for key in ("e2e", "queue", "prefill", "decode")}
-        server["client_overhead"] = llm_s - server["e2e"]  # transport, routing, tokenizing
-    return {
-        "uid": attrs.get(sc.UID),
-        "traj_uid": attrs.get(sc.TRAJ_UID),
-        "step": attrs.get(sc.GLOBAL_STEP),
-        "trace_id": traj["traceId"],
-        "span_id": traj["spanId"],
-        "duration_s": total,
-        "turns": len(llm),
-        "llm_s": llm_s,
-        "llm_server_s": server,
-        "tool_s": tool_s,
-        "tool_calls": len(tools),
-        "reward_s": reward_s,
-        "other_s": total - llm_s - tool_s - reward_s,
-    }
-
-
-def _server_span_of(llm_span: Dict[str, Any], index: _Index) -> Dict[str, Any]:
-    """The LLM call's server span (its ``verl.llm_server.generate`` child), else the
-    call's own span (earlier otel_verl builds put the server's timing there too)."""
-    for child in index.children.get((llm_span["traceId"], llm_span["spanId"]), ()):
-        if child["name"] == sc.SPAN_LLM_SERVER:
-            return child
-    return llm_span
 
 
 def slowest_section(trajectories: List[Dict[str, Any]], index: _Index, top: int) -> List[Dict[str, Any]]:
@@ -355,17 +242,58 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
 
 
 def _loss_counters(inputs: Inputs) -> Tuple[Optional[Dict[str, Dict[str, int]]], str]:
-    """otel_verl's loss counters from the metric files (``None`` without any), and a line
-    saying what they are."""
-    if not inputs.metric_files:
-        return None, ("none recorded: no metric files among the inputs (metrics off or sent over OTLP); "
+    """otel_verl's loss counters from each process's loss file, else from the metric files
+    (``None`` without either), and a line saying what they are."""
+    if inputs.loss_files:
+        counts, processes, unfinished = read_loss_files(inputs.loss_files)
+        recorded = {kind: dict(sorted((name, n) for name, n in named.items() if n)) for kind, named in counts.items()}
+        source = f"the loss files of {processes} process{'es' if processes != 1 else ''}"
+        if unfinished:
+            source += (f"; {unfinished} did not shut down (killed, or still running): their counts as of "
+                       "their last second")
+    elif inputs.metric_files:
+        counters, processes = read_counters(inputs.metric_files, (metric_names.DROPPED, metric_names.FAILURES))
+        recorded = {kind: {"/".join(labels): n for labels, n in sorted(counters[name].items()) if n}
+                    for kind, name in (("dropped", metric_names.DROPPED), ("failures", metric_names.FAILURES))}
+        source = f"the metric files of {processes} process{'es' if processes != 1 else ''}"
+    else:
+        return None, ("none recorded: no loss or metric files among the inputs (no trace dir); "
                       "otel_verl logs its losses")
-    counters, processes = read_counters(inputs.metric_files, (metric_names.DROPPED, metric_names.FAILURES))
-    recorded = {kind: {"/".join(labels): n for labels, n in sorted(counters[name].items()) if n}
-                for kind, name in (("dropped", metric_names.DROPPED), ("failures", metric_names.FAILURES))}
     said = "; ".join(f"{kind} " + (", ".join(f"{k}={n}" for k, n in counts.items()) or "none")
                      for kind, counts in recorded.items())
-    return recorded, f"{said} (the metric files of {processes} process{'es' if processes != 1 else ''})"
+    return recorded, f"{said} ({source})"
+
+
+def shape_section(spans: List[Dict[str, Any]], fit: Dict[str, Any], trainer: Optional[str], steps: List[Dict[str, Any]],
+                  trajectories: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """What kind of run it is: trainer, layout, ``async`` when a sample was trained in a
+    later step than the one that generated it (its ``verl.sample_stage`` spans' step past
+    its trajectories'), else ``sync``; prompts per step and n (``verl.fit``'s
+    ``train_batch_size`` and ``rollout_n``, else counted from the trajectories), steps."""
+    layouts = sorted({str(s["attributes"][sc.LAYOUT]) for s in spans
+                      if s["name"] in (sc.SPAN_STEP, sc.SPAN_FIT) and s["attributes"].get(sc.LAYOUT)})
+    generated: Dict[str, int] = {}
+    uids_per_step: Dict[Any, set] = defaultdict(set)
+    trajs_per_uid: Counter = Counter()
+    for traj in trajectories:
+        uid, step = traj["attributes"].get(sc.UID), traj["attributes"].get(sc.GLOBAL_STEP)
+        uids_per_step[step].add(uid)
+        trajs_per_uid[uid] += 1
+        if isinstance(step, int) and isinstance(uid, str):
+            generated[uid] = min(step, generated.get(uid, step))
+    later = any(
+        isinstance(s["attributes"].get(sc.GLOBAL_STEP), int) and s["attributes"].get(sc.UID) in generated
+        and s["attributes"][sc.GLOBAL_STEP] > generated[s["attributes"][sc.UID]]
+        for s in spans if s["name"].startswith(sc.sample_stage_span_name(""))
+    )
+    return {
+        "trainer": trainer,
+        "layout": "/".join(layouts) or None,
+        "mode": "async" if later else "sync",
+        "prompts": fit.get(sc.TRAIN_BATCH_SIZE) or max((len(u) for u in uids_per_step.values()), default=None),
+        "n": fit.get(sc.ROLLOUT_N) or max(trajs_per_uid.values(), default=None),
+        "steps": len(steps),
+    }
 
 
 def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
@@ -381,6 +309,7 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
     trajectories = training_trajectories(spans)
     runs = sorted({str(s["resource"].get(sc.RUN_ID)) for s in spans if s["resource"].get(sc.RUN_ID)})
     fit = next((s["attributes"] for s in spans if s["name"] == sc.SPAN_FIT), {})
+    trainer = fit.get(sc.TRAINER) or next((s["attributes"].get(sc.TRAINER) for s in spans if s["name"] == sc.SPAN_STEP), None)
     return {
         "inputs": {
             "paths": list(paths),
@@ -397,12 +326,14 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
             },
         },
         "runs": runs,
-        "trainer": fit.get(sc.TRAINER) or next((s["attributes"].get(sc.TRAINER) for s in spans if s["name"] == sc.SPAN_STEP), None),
+        "trainer": trainer,
+        "shape": shape_section(spans, fit, trainer, steps, trajectories),
         "stage_order": stage_order,
         "steps": steps,
         "rollout_latency": rollout_section(trajectories),
         "trajectories": len(trajectories),
         "slowest_trajectories": slowest_section(trajectories, index, top),
+        "tail": tail.tail_section(spans, index, trajectories),
         "samples": samples_section(spans, inputs.sample_csv, unfinished_limit),
         "losses": losses_section(spans, trajectories, inputs, lines),
         "timeline": _timeline_data(spans, steps, trajectories),

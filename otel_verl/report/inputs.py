@@ -19,6 +19,7 @@ from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
 
 OTLP_SUFFIXES = (".jsonl", ".json")
 METRICS_DIR = "otlp-metrics"  # beside otlp/ in a trace dir (bootstrap.METRICS_FILES_DIR)
+LOSSES_DIR = "losses"  # each process's final loss counters (exporters.loss_file.DIRECTORY)
 
 
 class InputError(ValueError):
@@ -34,6 +35,8 @@ class Inputs:
     trajectory_jsonl: List[str] = field(default_factory=list)
     # the OTLP-JSON metric files of trace dirs among the paths (otel_verl's loss counters)
     metric_files: List[str] = field(default_factory=list)
+    # each process's loss and failure counters, kept current beside its outputs
+    loss_files: List[str] = field(default_factory=list)
 
     @property
     def has_legacy(self) -> bool:
@@ -69,6 +72,7 @@ def resolve(paths: Sequence[str]) -> Inputs:
             out.progress_logs += sorted(glob.glob(os.path.join(path, "progress", "*.log")))
             out.trajectory_jsonl += sorted(glob.glob(os.path.join(path, "trajectory", "*.jsonl")))
             out.metric_files += sorted(glob.glob(os.path.join(path, METRICS_DIR, "*.jsonl")))
+            out.loss_files += sorted(glob.glob(os.path.join(path, LOSSES_DIR, "*.json")))
         else:
             files = _otlp_files_in(path)
         if not files:
@@ -151,6 +155,26 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
         except (AttributeError, TypeError, ValueError) as exc:
             raise InputError(f"{path}:{number}: malformed OTLP-JSON ({type(exc).__name__}: {exc})") from None
     return out
+
+
+def read_loss_files(files: Sequence[str]) -> Tuple[Dict[str, Dict[str, int]], int, int]:
+    """``({"dropped": {...}, "failures": {...}}, processes, processes that did not shut
+    down)`` summed over the loss files of a run; a file being replaced while it is read
+    (one is written to a temporary name and renamed) counts as unreadable."""
+    totals: Dict[str, Dict[str, int]] = {"dropped": {}, "failures": {}}
+    unfinished = 0
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                obj = json.load(f)
+            counts = {kind: dict(obj.get(kind) or {}) for kind in totals}
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            raise InputError(f"{path}: not a loss file ({type(exc).__name__}: {exc})") from None
+        unfinished += not obj.get("final")
+        for kind, named in counts.items():
+            for name, n in named.items():
+                totals[kind][name] = totals[kind].get(name, 0) + int(n)
+    return totals, len(files), unfinished
 
 
 def read_counters(files: Sequence[str], names: Sequence[str]) -> Tuple[Dict[str, Dict[Tuple[str, ...], int]], int]:

@@ -8,6 +8,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from otel_verl.report.compare import LATENCY_KEYS, shape_text
+
 
 def _s(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.3f}"
@@ -20,6 +22,70 @@ def _table(console: Console, title: str, columns: List[str]) -> Table:
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
     return table
+
+
+SPLIT_COLUMNS = ["queue", "prefill", "decode", "client", "tools", "reward", "other"]
+
+
+def _split_cells(t: Dict[str, Any]) -> List[str]:
+    """A trajectory's split (:func:`otel_verl.report.spans.trajectory_split`) under ``SPLIT_COLUMNS``."""
+    server = t["llm_server_s"] or {}
+    return [_s(server.get("queue")), _s(server.get("prefill")), _s(server.get("decode")),
+            _s(server.get("client_overhead")), _s(t["tool_s"]), _s(t["reward_s"]), _s(t["other_s"])]
+
+
+def _render_tail(tail: Dict[str, Any], console: Console) -> None:
+    rows = tail["steps"]
+    table = _table(console, "Critical path per step (s): the trajectory that ended last in the step's rollout window "
+                   "(started: after the window's start), and the replica that served it",
+                   ["step", "rollout wall", "uid/traj", "started", "total", "replica", *SPLIT_COLUMNS])
+    for row in rows:
+        t = row["critical_path"]
+        if t is None:
+            table.add_row(str(row["step"]), "-", "no trajectories", *["-"] * (3 + len(SPLIT_COLUMNS)))
+            continue
+        table.add_row(str(row["step"]), _s(row["rollout_window"]["wall_s"]), f"{t['uid']}/{t['traj_uid']}",
+                      _s(t["started_s"]), _s(t["duration_s"]), t["replica"] or "-", *_split_cells(t))
+    console.print(table)
+
+    if not tail["replicas"]:
+        console.print()
+        console.print("LLM server replicas: none named in these spans (no verl.llm_server.generate spans, "
+                      "no verl.llm.server_id)", markup=False, highlight=False)
+    else:
+        table = _table(console, f"LLM server replicas per step ({len(tail['replicas'])} in the run): busy = the union of "
+                       "its requests within the step's rollout window (s)",
+                       ["step", "busiest", "busy", "requests", "idlest", "busy", "requests"])
+        for row in rows:
+            load = row["replicas"]
+            if load is None:
+                continue
+            hi, lo = load["busiest"], load["idlest"]
+            table.add_row(str(row["step"]), hi["replica"], _s(hi["busy_s"]), str(hi["requests"]),
+                          lo["replica"], _s(lo["busy_s"]), str(lo["requests"]))
+        console.print(table)
+
+    table = _table(console, "Waiting per step (s): training = the trainer waiting for samples (generation, fetch_batch, "
+                   "the start before its first other stage); rollout = no trajectory running",
+                   ["step", "step time", "training waits", "rollout waits"])
+    for row in rows:
+        wait = row["waiting"]
+        if wait is not None:
+            table.add_row(str(row["step"]), _s(wait["step_s"]), _s(wait["training_s"]), _s(wait["rollout_s"]))
+    console.print(table)
+
+    staleness = tail["staleness"]
+    if not staleness["lineage"]:
+        console.print()
+        console.print(f"Staleness: {staleness['note']}", markup=False, highlight=False)
+        return
+    values = sorted({h["staleness"] for row in staleness["per_step"] for h in row["histogram"]})
+    table = _table(console, "Staleness of the trained samples: verl.sample roots per verl.trained_step and verl.staleness "
+                   "(steps behind the weights that generated them)", ["trained step", "samples", *map(str, values)])
+    for row in staleness["per_step"]:
+        counts = {h["staleness"]: h["samples"] for h in row["histogram"]}
+        table.add_row(str(row["trained_step"]), str(row["samples"]), *(str(counts.get(v, 0)) for v in values))
+    console.print(table)
 
 
 def render(report: Dict[str, Any], console: Console) -> None:
@@ -53,16 +119,13 @@ def render(report: Dict[str, Any], console: Console) -> None:
         console,
         f"Slowest trajectories (s) of {report['trajectories']}: LLM = client time of its LLM spans; queue / prefill / "
         "decode = the server's share of it; client = the rest of it (routing, transport)",
-        ["uid/traj", "step", "total", "turns", "LLM", "queue", "prefill", "decode", "client", "tools", "reward", "other"],
+        ["uid/traj", "step", "total", "turns", "LLM", *SPLIT_COLUMNS],
     )
     for t in report["slowest_trajectories"]:
-        server = t["llm_server_s"] or {}
-        table.add_row(
-            f"{t['uid']}/{t['traj_uid']}", str(t["step"]), _s(t["duration_s"]), str(t["turns"]), _s(t["llm_s"]),
-            _s(server.get("queue")), _s(server.get("prefill")), _s(server.get("decode")),
-            _s(server.get("client_overhead")), _s(t["tool_s"]), _s(t["reward_s"]), _s(t["other_s"]),
-        )
+        table.add_row(f"{t['uid']}/{t['traj_uid']}", str(t["step"]), _s(t["duration_s"]), str(t["turns"]), _s(t["llm_s"]),
+                      *_split_cells(t))
     console.print(table)
+    _render_tail(report["tail"], console)
 
     samples = report["samples"]
     outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
@@ -94,4 +157,40 @@ def render(report: Dict[str, Any], console: Console) -> None:
         console.print(table)
     else:
         console.print("Legacy files vs spans: no legacy files among the inputs", markup=False, highlight=False)
+    console.print()
+
+
+def _ratio(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def render_comparison(comparison: Dict[str, Any], console: Console) -> None:
+    """:func:`otel_verl.report.compare.compare`'s result as tables."""
+    for name in ("a", "b"):
+        side = comparison[name]
+        console.print(f"{name.upper()}: {', '.join(side['paths'])} (run {', '.join(side['runs']) or '-'}; "
+                      f"{shape_text(side['shape'])})", markup=False, highlight=False)
+    console.print(comparison["summary"], markup=False, highlight=False)
+
+    table = _table(console, "Steps (s): verl.step, A beside B", ["step", "A", "B", "B/A"])
+    for row in comparison["steps"]:
+        table.add_row(str(row["step"]), _s(row["a_s"]), _s(row["b_s"]), _ratio(row["ratio"]))
+    total = comparison["steps_total"]
+    if total is not None:
+        table.add_row("all", _s(total["a_s"]), _s(total["b_s"]), _ratio(total["ratio"]))
+    console.print(table)
+
+    table = _table(console, "Stages (s) summed over the steps both runs have", ["stage", "A", "B", "B/A"])
+    for row in comparison["stages"]:
+        table.add_row(row["stage"], _s(row["a_s"]), _s(row["b_s"]), _ratio(row["ratio"]))
+    console.print(table)
+
+    table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans",
+                   ["step", "", "A", "B", "B/A"])
+    for row in comparison["rollout_latency"]:
+        for key in LATENCY_KEYS:
+            cell = str if key == "count" else _s
+            table.add_row(str(row["step"]) if key == "count" else "", "trajectories" if key == "count" else key[:-2],
+                          cell(row["a"][key]), cell(row["b"][key]), _ratio(row["ratio"][key]))
+    console.print(table)
     console.print()

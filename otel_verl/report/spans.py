@@ -1,0 +1,152 @@
+"""What the report's sections read off a span: durations, kinds, the parent index, the
+union of intervals and a trajectory's time split. Shared by :mod:`analysis` and
+:mod:`tail`, so that each rule has one copy."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from otel_verl import semconv as sc, server_timing
+
+NS = 1e9
+LLM_OPERATIONS = (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)
+STEP_STAGE_PREFIX = sc.step_stage_span_name("")
+
+
+def duration_s(span: Dict[str, Any]) -> float:
+    return (span["endTimeUnixNano"] - span["startTimeUnixNano"]) / NS
+
+
+def is_trajectory(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_INVOKE_AGENT
+
+
+def is_llm_call(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) in LLM_OPERATIONS
+
+
+def is_tool(span: Dict[str, Any]) -> bool:
+    return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL
+
+
+def stage_of(span: Dict[str, Any]) -> str:
+    return span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
+
+
+def training_trajectories(spans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [s for s in spans if is_trajectory(s) and not s["attributes"].get(sc.VALIDATE)]
+
+
+def merged(intervals: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The intervals (ns) merged into disjoint ones, in order; empty ones left out."""
+    out: List[List[int]] = []
+    for start, stop in sorted(intervals):
+        if stop <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], stop)
+        else:
+            out.append([start, stop])
+    return [(a, b) for a, b in out]
+
+
+def union_s(intervals: Iterable[Tuple[int, int]]) -> float:
+    """Seconds covered by at least one of the intervals (ns)."""
+    return sum(b - a for a, b in merged(intervals)) / NS
+
+
+def clipped(intervals: Iterable[Tuple[int, int]], lo: int, hi: int) -> List[Tuple[int, int]]:
+    """The parts of the intervals within ``[lo, hi]``."""
+    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
+
+
+def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[float]]]:
+    """The server's view of one LLM call, in seconds, from the ``verl.llm.server.*``
+    attributes of its server span:
+    ``e2e`` (e2e_latency), ``queue`` (queue_time), ``prefill`` (time to first token minus
+    queue, the ttft read as :func:`otel_verl.server_timing.ttft_s` reads it;
+    prefill_launch_latency when there is none) and ``decode`` (e2e - queue - prefill, at
+    least 0). ``None`` when the server reported no e2e_latency; queue, prefill and decode
+    are ``None`` when it reported nothing but e2e_latency (sglang without its metrics)."""
+    prefix = sc.LLM_SERVER_META_PREFIX
+    meta = {key[len(prefix):]: value for key, value in server_span["attributes"].items() if key.startswith(prefix)}
+    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
+    if e2e is None:
+        return None
+    if server_timing.timing_missing(meta):
+        return {"e2e": float(e2e), "queue": None, "prefill": None, "decode": None}
+    queue = float(server_timing.number(meta.get(server_timing.QUEUE_TIME)) or 0.0)
+    ttft = server_timing.ttft_s(meta)
+    if ttft is not None:
+        prefill = max(0.0, ttft - queue)
+    else:
+        prefill = float(server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY)) or 0.0)
+    return {"e2e": float(e2e), "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
+
+
+class SpanIndex:
+    """Each span's children, by (trace id, parent span id)."""
+
+    def __init__(self, spans: List[Dict[str, Any]]) -> None:
+        self.children: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
+        for span in spans:
+            if span["parentSpanId"]:
+                self.children[(span["traceId"], span["parentSpanId"])].append(span)
+
+    def children_of(self, span: Dict[str, Any]) -> List[Dict[str, Any]]:
+        return self.children.get((span["traceId"], span["spanId"]), [])
+
+    def descendants(self, span: Dict[str, Any]) -> List[Dict[str, Any]]:
+        out, todo = [], [span]
+        while todo:
+            current = todo.pop()
+            kids = self.children.get((current["traceId"], current["spanId"]), ())
+            out.extend(kids)
+            todo.extend(kids)
+        return out
+
+
+def trajectory_split(traj: Dict[str, Any], index: SpanIndex) -> Dict[str, Any]:
+    """A trajectory span's time: LLM (its ``chat`` / ``text_completion`` spans, with the
+    server's queue / prefill / decode and the client's rest), tools, reward, other."""
+    attrs = traj["attributes"]
+    below = index.descendants(traj)
+    llm = [s for s in below if is_llm_call(s)]
+    tools = [s for s in below if is_tool(s)]
+    rewards = [s for s in below if s["name"] == sc.SPAN_REWARD]
+    total = duration_s(traj)
+    llm_s = sum(duration_s(s) for s in llm)
+    tool_s = sum(duration_s(s) for s in tools)
+    reward_s = sum(duration_s(s) for s in rewards)
+    splits = [server_split(server_span_of(s, index)) for s in llm]
+    server = None
+    if llm and all(splits):
+        # a part one call lacks (a server without its metrics) is unknown for the trajectory
+        server = {key: None if any(s[key] is None for s in splits) else sum(s[key] for s in splits)
+                  for key in ("e2e", "queue", "prefill", "decode")}
+        server["client_overhead"] = llm_s - server["e2e"]  # transport, routing, tokenizing
+    return {
+        "uid": attrs.get(sc.UID),
+        "traj_uid": attrs.get(sc.TRAJ_UID),
+        "step": attrs.get(sc.GLOBAL_STEP),
+        "trace_id": traj["traceId"],
+        "span_id": traj["spanId"],
+        "duration_s": total,
+        "turns": len(llm),
+        "llm_s": llm_s,
+        "llm_server_s": server,
+        "tool_s": tool_s,
+        "tool_calls": len(tools),
+        "reward_s": reward_s,
+        "other_s": total - llm_s - tool_s - reward_s,
+    }
+
+
+def server_span_of(llm_span: Dict[str, Any], index: SpanIndex) -> Dict[str, Any]:
+    """The LLM call's server span (its ``verl.llm_server.generate`` child), else the
+    call's own span (earlier otel_verl builds put the server's timing there too)."""
+    for child in index.children_of(llm_span):
+        if child["name"] == sc.SPAN_LLM_SERVER:
+            return child
+    return llm_span
