@@ -73,6 +73,14 @@ AGENT_LOOP_CLASS = "verl.agent_loop.class"
 TRAINER = "verl.trainer"
 LAYOUT = "verl.layout"
 SAMPLE_OUTCOME = "verl.sample.outcome"
+STALENESS = "verl.staleness"  # sample root: weight updates between its oldest weights and the trained ones (verl's count)
+TRAINED_STEP = "verl.trained_step"  # sample root: the step that trained it
+# The weight version (verl's global_steps of the weights a server held) that served an engine
+# request (a turn, or each attempt of a resumed one); the oldest and newest behind a resumed
+# turn, a trajectory and a trained sample
+WEIGHT_VERSION = "verl.weight_version"
+WEIGHT_VERSION_MIN = "verl.weight_version.min"
+WEIGHT_VERSION_MAX = "verl.weight_version.max"
 REWARD_SCORE = "verl.reward.score"
 REWARD_MANAGER = "verl.reward.manager"  # the reward actor's reward manager class
 EPOCH = "verl.epoch"
@@ -110,6 +118,12 @@ GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # opt-in content
 GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # opt-in content
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in content
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # opt-in content
+# The reward, as the GenAI evaluation event on the trajectory it scores
+GEN_AI_EVALUATION_RESULT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+REWARD_EVALUATION_NAME = "verl.reward"  # its gen_ai.evaluation.name
 ERROR_TYPE = "error.type"
 
 # --------------------------------------------------------------------------- bounds

@@ -499,31 +499,14 @@ def trace_ids(otlp_json: dict | None) -> set[str]:
 def flat_spans(otlp_json: dict | None) -> list[dict]:
     """The spans of an OTLP-JSON TracesData object (a Jaeger answer, a file line) as the
     flat dicts ``otel_verl.exporters.otlp_json_file.spans_from_files`` returns."""
-    from otel_verl.exporters.otlp_json_file import attributes_to_dict
+    from otel_verl.exporters.otlp_json_file import attributes_to_dict, flat_span
 
     out = []
     for rs in (otlp_json or {}).get("resourceSpans", []):
         resource = attributes_to_dict(rs.get("resource", {}).get("attributes"))
         for ss in rs.get("scopeSpans", []):
             scope = ss.get("scope", {}).get("name", "")
-            for s in ss.get("spans", []):
-                status = s.get("status", {})
-                out.append({
-                    "traceId": s.get("traceId", ""),
-                    "spanId": s.get("spanId", ""),
-                    "parentSpanId": s.get("parentSpanId") or None,
-                    "name": s.get("name", ""),
-                    "kind": s.get("kind", 0),
-                    "startTimeUnixNano": int(s.get("startTimeUnixNano", 0)),
-                    "endTimeUnixNano": int(s.get("endTimeUnixNano", 0)),
-                    "attributes": attributes_to_dict(s.get("attributes")),
-                    "resource": resource,
-                    "scope": scope,
-                    "status": {"code": status.get("code", 0), "message": status.get("message", "")},
-                    "links": [{"traceId": link.get("traceId", ""), "spanId": link.get("spanId", ""),
-                               "attributes": attributes_to_dict(link.get("attributes"))}
-                              for link in s.get("links", [])],
-                })
+            out.extend(flat_span(s, resource, scope) for s in ss.get("spans", []))
     return out
 
 

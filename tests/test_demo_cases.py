@@ -315,6 +315,13 @@ def test_separation_trainer_progress_is_disaggregated(separation):
         assert block.index(f"Step {step} train started") < block.index("disagg: start update actor")
 
 
+def test_separation_trainer_run_in_perfetto(separation, tmp_path):
+    from test_report_perfetto import check_run_in_perfetto
+
+    trace_dir, _, _ = separation
+    check_run_in_perfetto(trace_dir, tmp_path / "run.pftrace")
+
+
 def test_separation_trainer_traces_each_uid_through_the_workers(separation):
     _, _, spans = separation
     roots = [s for s in spans if s["name"] == "verl.sample"]

@@ -311,6 +311,59 @@ def test_report_on_v1_output_matches_its_spans(demo, tmp_path):
         assert image.format == "PNG" and image.size == (report["png"]["width_px"], report["png"]["height_px"])
 
 
+def test_each_trained_sample_says_its_weights_the_step_that_trained_it_and_its_staleness(demo):
+    from test_cli import report_json
+
+    mode, trace_dir, _, spans = demo
+    spans_by_id = by_id(spans)
+    requests = [s for s in spans if s["name"] == "verl.llm.attempt"
+                or (s["name"].startswith("chat") and not s["attributes"].get("verl.llm.attempts"))]
+    assert requests and all(isinstance(s["attributes"].get("verl.weight_version"), int) for s in requests)
+    trajectories = [s for s in spans if s["name"].startswith("invoke_agent")]
+    for traj in trajectories:  # the range of the versions its engine requests say
+        versions = [r["attributes"]["verl.weight_version"] for r in requests
+                    if _ancestor(spans_by_id, r, traj["spanId"])]
+        assert (traj["attributes"]["verl.weight_version.min"], traj["attributes"]["verl.weight_version.max"]) == \
+            (min(versions), max(versions))
+    if mode == "separate_async":  # a weight sync aborted a turn, resumed on the new weights
+        assert any(t["attributes"]["verl.weight_version.min"] < t["attributes"]["verl.weight_version.max"]
+                   for t in trajectories)
+    histogram = collections.Counter()
+    for root in _roots(spans):
+        attributes = root["attributes"]
+        if attributes["verl.sample.outcome"] != "trained":
+            assert "verl.trained_step" not in attributes
+            continue
+        trace = [s for s in spans if s["traceId"] == root["traceId"]]
+        [update] = [s for s in trace if s["name"] == "verl.sample_stage update_actor"]
+        assert attributes["verl.trained_step"] == update["attributes"]["verl.global_step"]
+        oldest = min(t["attributes"]["verl.weight_version.min"] for t in trace if t["name"].startswith("invoke_agent"))
+        assert attributes["verl.weight_version.min"] == oldest
+        assert attributes["verl.staleness"] == attributes["verl.trained_step"] - 1 - oldest >= 0
+        histogram[(attributes["verl.trained_step"], attributes["verl.staleness"])] += 1
+    staleness = report_json(trace_dir)["tail"]["staleness"]
+    assert {(row["trained_step"], h["staleness"]): h["samples"] for row in staleness["per_step"]
+            for h in row["histogram"]} == dict(histogram)
+
+
+def _ancestor(spans_by_id, span, span_id):
+    """Whether ``span_id`` is ``span``'s parent, grandparent, ... (in these spans)."""
+    parent = span.get("parentSpanId")
+    while parent:
+        if parent == span_id:
+            return True
+        parent = spans_by_id.get(parent, {}).get("parentSpanId")
+    return False
+
+
+def test_every_span_of_the_run_is_in_its_perfetto_trace(demo, tmp_path):
+    from test_report_perfetto import check_run_in_perfetto
+
+    _, trace_dir, _, _ = demo
+    trace, _ = check_run_in_perfetto(trace_dir, tmp_path / "run.pftrace")
+    assert any(t.name.startswith("prompt ") for t in trace.tracks.values())  # v1's prompt tasks
+
+
 def test_replay_sends_every_v1_span(demo):
     from test_cli import Collector, _span_ids_json, cli
 

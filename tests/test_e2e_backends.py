@@ -283,6 +283,21 @@ def test_jaeger_trace_of_a_uid_is_the_sample_tree_across_processes(demo_through_
 
 @pytest.mark.verl
 @pytest.mark.e2e
+def test_every_scored_trajectory_has_its_reward_as_a_genai_evaluation_result(demo_through_collector):
+    d = demo_through_collector
+    in_jaeger = [s for trace in d.jaeger_traces.values() for s in _from_jaeger(trace)]
+    for where, spans in (("embedded files", d.embedded), ("jaeger", in_jaeger)):
+        scored = [s for s in spans if s["name"].startswith("invoke_agent") and "verl.reward.score" in s["attributes"]]
+        assert len(scored) == STEPS * PROMPTS * N, where  # the demo scores every trajectory
+        for traj in scored:
+            [result] = [e for e in traj["events"] if e["name"] == "gen_ai.evaluation.result"]
+            assert result["attributes"]["gen_ai.evaluation.name"] == "verl.reward", where
+            assert result["attributes"]["gen_ai.evaluation.score.value"] == traj["attributes"]["verl.reward.score"]
+            assert traj["startTimeUnixNano"] <= result["timeUnixNano"] <= traj["endTimeUnixNano"]
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
 def test_jaeger_finds_traces_by_service_operation_and_uid(demo_through_collector):
     d = demo_through_collector
     uids = d.sample_uids
@@ -744,7 +759,7 @@ def test_collector_load_benchmark_quick_loses_no_span(tmp_path):
     report = bench.run(64, 16, baseline=False, workdir=str(tmp_path))
     run = report["run"]
     assert run["spans"] == report["expected_spans"] == bench.expected_spans(64, 16)
-    assert run["bsp_max_queue_size"] == 16384  # otel_verl's default, not the SDK's 2048
+    assert run["bsp_max_queue_size"] == 1 << 20  # bounded in bytes, not at the SDK's 2048 spans
     assert run["dropped"] == {} and run["failures"] == {}
     assert run["in_collector_file"] == run["spans"]
     assert report["ok"], bench.describe(report)
@@ -753,30 +768,29 @@ def test_collector_load_benchmark_quick_loses_no_span(tmp_path):
 BSP_PROBE = """
 import json
 from otel_verl import bootstrap
+from otel_verl.exporters.batch import BatchExportProcessor
 assert bootstrap.configure(role="trainer")
-out = {}
-for p in bootstrap.span_processors():
-    batch = getattr(p, "batch", None)  # (the SDK's fields, private in newer versions)
-    inner = getattr(batch, "_batch_processor", batch)
-    if inner is not None:
-        out[p.output] = [getattr(inner, "_max_queue_size", getattr(inner, "max_queue_size", None)),
-                         getattr(inner, "_max_export_batch_size", getattr(inner, "max_export_batch_size", None))]
+out = {p.output: [p.max_queue_bytes, p.max_queue_spans, p.max_batch]
+       for p in bootstrap.span_processors() if isinstance(p, BatchExportProcessor)}
 bootstrap.shutdown()
 print(json.dumps(out))
 """
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, [16384, 512]),
-    ({"OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, [4096, 512]),  # the user's setting wins
-    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20000"}, [20000, 20000]),  # never below the batch size
+    ({}, [32 << 20, 1 << 20, 512]),  # bounded in bytes: a 1024 x 16 step's bursts fit
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, [32 << 20, 4096, 512]),  # the user's setting wins
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20000"}, [32 << 20, 1 << 20, 20000]),
+    ({"OTEL_VERL_MAX_QUEUE_MB": "8"}, [8 << 20, 1 << 20, 512]),
 ])
 def test_otel_verl_default_span_queue(env, expected, tmp_path):
     probe_env = _child_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_VERL_OTLP_FILE="1",
                            VERL_TRACE_DIR=str(tmp_path), **env)
     out = subprocess.run([PYTHON, "-c", BSP_PROBE], env=probe_env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"otlp": expected, "otlp_json_file": expected}
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["otlp"] == expected
+    assert got["otlp_json_file"][0] == expected[0]  # the files' batches: the same bound in bytes
 
 
 CONTENT_PROBE = """

@@ -260,3 +260,54 @@ def test_an_sglang_server_without_its_metrics_is_noted_once(seen, caplog):
     notes = [r.getMessage() for r in caplog.records if "per-request timing missing" in r.getMessage()]
     assert len(notes) == 1
     assert server_timing.ENABLE_METRICS_OVERRIDE in notes[0] and "sglang_ttft_ms" in notes[0]
+
+
+@pytest.mark.parametrize("sdk_spans", [False, True], ids=["slim_spans", "sdk_spans"])
+def test_the_reward_is_a_genai_evaluation_result_on_the_trajectory_it_scores(make_pipeline, sdk_spans):
+    pipeline = make_pipeline(sdk_spans=sdk_spans)
+    with events.trajectory("u1", "t1", step=1, agent_name="tool_agent"):
+        with events.reward() as reward:
+            reward.score(0.5, label="correct")
+    with events.trajectory("u1", "t2", step=1, agent_name="tool_agent"):
+        events.trajectory_score(1)  # a score the agent loop had already: no reward span
+    agents = {s.attributes[sc.TRAJ_UID]: s for s in pipeline.spans() if s.name == sc.agent_span_name("tool_agent")}
+    results = {}
+    for traj_uid, span in agents.items():
+        [event] = [e for e in span.events if e.name == sc.GEN_AI_EVALUATION_RESULT]
+        results[traj_uid] = dict(event.attributes)
+    assert results == {
+        "t1": {sc.GEN_AI_EVALUATION_NAME: "verl.reward", sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.5,
+               sc.GEN_AI_EVALUATION_SCORE_LABEL: "correct"},
+        "t2": {sc.GEN_AI_EVALUATION_NAME: "verl.reward", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0},
+    }
+    assert agents["t1"].attributes[sc.REWARD_SCORE] == 0.5  # beside the verl.* attribute
+
+
+def test_each_turn_carries_its_weight_version_and_the_trajectory_their_range(seen):
+    _, pipeline = seen
+    with events.trajectory("u1", "t1", step=2, agent_name="a"):
+        for version in (5, None, 6):  # a server that says nothing leaves its turn without one
+            with events.llm_call([1], model="m") as turn:
+                turn.finish([2], weight_version=version)
+    spans = pipeline.spans()
+    chats = [s for s in spans if s.name == sc.llm_span_name(sc.OP_CHAT, "m")]
+    assert [s.attributes.get(sc.WEIGHT_VERSION) for s in chats] == [5, None, 6]
+    assert not any(sc.WEIGHT_VERSION_MIN in s.attributes for s in chats)  # a range only for resumed turns
+    agent = _by_name(spans, sc.agent_span_name("a"))
+    assert (agent.attributes[sc.WEIGHT_VERSION_MIN], agent.attributes[sc.WEIGHT_VERSION_MAX]) == (5, 6)
+
+
+def test_a_trained_sample_says_the_step_that_trained_it_and_its_staleness(seen):
+    _, pipeline = seen
+    events.samples_created(["u1", "u2", "u3"], step=3, trainer="RayPPOTrainer")
+    # u1's rows came from weights 3 and 2; u2's rows say no version; u3 is filtered
+    events.samples_finished(["u1", "u1", "u2"], sc.Outcome.TRAINED, trained_step=4, oldest_versions=[3, 2, None])
+    events.samples_finished(["u3"], sc.Outcome.FILTERED)
+    roots = {s.attributes[sc.UID]: s.attributes for s in pipeline.spans() if s.name == sc.SPAN_SAMPLE}
+    lineage = {uid: {k: v for k, v in attrs.items() if k in (sc.TRAINED_STEP, sc.WEIGHT_VERSION_MIN, sc.STALENESS)}
+               for uid, attrs in roots.items()}
+    assert lineage == {
+        "u1": {sc.TRAINED_STEP: 4, sc.WEIGHT_VERSION_MIN: 2, sc.STALENESS: 1},  # verl's count: 4 - 1 - 2
+        "u2": {sc.TRAINED_STEP: 4},
+        "u3": {},
+    }

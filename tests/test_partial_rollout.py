@@ -27,6 +27,8 @@ PROMPT = [11, 12, 13]
 # what the stand-in server decodes per request before an abort interrupts it; the last
 # request runs to the end
 PIECES = [[101, 102], [103], [], [104, 105, 106]]
+# the weight version the server holds at each request: a sync between the second and third
+VERSIONS = [3, 3, 4, 4]
 
 
 class _Remote:
@@ -54,7 +56,9 @@ class ResumingServerStandIn:
         if server is not None:  # what sglang's TokenizerManager hook records per request
             server.record_meta({"e2e_latency": 0.01 * (k + 1), "queue_time": 0.001 * (k + 1)})
         last = k == len(PIECES) - 1
-        return TokenOutput(token_ids=PIECES[k], stop_reason="completed" if last else "aborted")
+        # verl's servers say which weights served the request (their global_steps)
+        return TokenOutput(token_ids=PIECES[k], stop_reason="completed" if last else "aborted",
+                           extra_fields={"global_steps": VERSIONS[k]})
 
 
 class LoadBalancerStandIn:
@@ -132,6 +136,17 @@ def test_a_resumed_turn_is_one_chat_span_with_an_attempt_per_request(resumed_tur
     assert len({rid for rid, _ in server.requests}) == len(PIECES)
     sent = [len(prompt) for _, prompt in server.requests]
     assert sent == [3, 5, 6, 6]
+
+
+def test_each_request_carries_the_weights_that_served_it_and_the_turn_their_range(resumed_turn):
+    spans, _, _ = resumed_turn
+    [chat] = [s for s in spans if s.name.startswith("chat")]
+    [trajectory] = [s for s in spans if s.name.startswith("invoke_agent")]
+    attempts = sorted((s for s in spans if s.name == "verl.llm.attempt"), key=lambda s: s.attributes["verl.llm.attempt_number"])
+    assert [a.attributes["verl.weight_version"] for a in attempts] == VERSIONS
+    assert chat.attributes["verl.weight_version"] == VERSIONS[-1]  # what served its last request
+    for span in (chat, trajectory):
+        assert (span.attributes["verl.weight_version.min"], span.attributes["verl.weight_version.max"]) == (3, 4)
 
 
 def test_a_resumed_turn_writes_one_row_pair_and_one_jsonl_turn(resumed_turn):

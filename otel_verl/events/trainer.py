@@ -273,18 +273,50 @@ def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bo
 
 
 @health.guarded(default=None)
-def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[str] = None) -> None:
-    """The sample's trajectories were trained on, filtered or dropped: ends its root."""
+def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[str] = None,
+                     trained_step: Optional[int] = None, oldest_versions: Any = None) -> None:
+    """The sample's trajectories were trained on, filtered or dropped: ends its root.
+
+    ``trained_step``: the step that trained them; ``oldest_versions`` (one per entry of
+    ``uids``, where known): the oldest weight version behind each row. The root then says
+    its lineage: the step, the oldest version behind any of its rows and its staleness,
+    as verl counts it (``trained_step - 1 - oldest``: 0 when the weights that generated it
+    are the ones this step trains, on policy)."""
     rt = _core._runtime
     if rt is None:
         return
     value = outcome.value if isinstance(outcome, Outcome) else str(outcome)
-    for uid in dict.fromkeys(id_list(uids)):
+    uid_list = id_list(uids)
+    oldest = _oldest_per_uid(uid_list, oldest_versions) if trained_step is not None else {}
+    for uid in dict.fromkeys(uid_list):
         entry = rt.samples.pop(uid)
         if entry is not None:
             if detail:
                 entry.root.set_attribute(sc.SAMPLE_OUTCOME + ".detail", _text(detail))
+            if trained_step is not None:
+                _set_lineage(entry.root, int(trained_step), oldest.get(uid))
             _end_sample_entry(entry, value)
+
+
+def _oldest_per_uid(uids: List[str], versions: Any) -> Dict[str, int]:
+    """The oldest weight version of each uid's rows (rows that say none are left out)."""
+    if versions is None:
+        return {}
+    out: Dict[str, int] = {}
+    for uid, version in zip(uids, list(versions)):
+        try:
+            version = int(version)
+        except (TypeError, ValueError):  # None, or not a number: no version for this row
+            continue
+        if uid not in out or version < out[uid]:
+            out[uid] = version
+    return out
+
+
+def _set_lineage(root: Any, trained_step: int, oldest: Optional[int]) -> None:
+    root.set_attribute(sc.TRAINED_STEP, trained_step)
+    if oldest is not None:
+        root.set_attributes({sc.WEIGHT_VERSION_MIN: oldest, sc.STALENESS: trained_step - 1 - oldest})
 
 
 @health.guarded(default=0)

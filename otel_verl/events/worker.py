@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, ContextManager, Dict, Mapping, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
@@ -129,6 +129,7 @@ class _TrajectoryScope(SpanScope):
         self.first_messages: Any = None
         self.live_messages: Any = None
         self.last_output: Optional[str] = None  # the last turn's gen_ai.output.messages
+        self.weight_versions: List[int] = []  # of every engine request of its turns
 
     def value(self) -> TrajectoryData:
         return self.data
@@ -139,6 +140,7 @@ class _TrajectoryScope(SpanScope):
         if data.reward_score is not None:
             self.span.set_attribute(sc.REWARD_SCORE, data.reward_score)
         self.span.set_attribute(sc.NUM_TURNS, len(data.turns))
+        _set_version_range(self.span, self.weight_versions)
         if self.first_messages is not None and _capturing_content():
             self._capture_content()
 
@@ -197,11 +199,38 @@ def agent_metrics(metrics: Mapping[str, Any]) -> None:
 
 
 @health.guarded(default=None)
-def trajectory_score(score: Any) -> None:
-    """A reward score the agent loop already had (no reward computation traced here)."""
+def trajectory_score(score: Any, *, label: Optional[str] = None) -> None:
+    """A reward score the agent loop already had (no reward computation traced here);
+    ``label``: the reward's verdict in words, where it gives one."""
     traj = _active_traj()
     if traj is not None and score is not None:
         traj.data.reward_score = float(score)
+        _evaluation_result(traj, traj.data.reward_score, label)
+
+
+def _evaluation_result(traj: "_TrajectoryScope", score: float, label: Optional[str]) -> None:
+    """The reward as the GenAI conventions' evaluation result, an event on the trajectory
+    span it scores (GenAI viewers read it there)."""
+    attrs: Dict[str, Any] = {sc.GEN_AI_EVALUATION_NAME: sc.REWARD_EVALUATION_NAME,
+                             sc.GEN_AI_EVALUATION_SCORE_VALUE: score}
+    if label:
+        attrs[sc.GEN_AI_EVALUATION_SCORE_LABEL] = _text(label)
+    traj.span.add_event(sc.GEN_AI_EVALUATION_RESULT, attrs)
+
+
+def _weight_version(value: Any) -> Optional[int]:
+    """verl's ``global_steps`` of an engine request's output, as a version (None: not said)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _set_version_range(span: Any, versions: List[int]) -> None:
+    if versions:
+        span.set_attributes({sc.WEIGHT_VERSION_MIN: min(versions), sc.WEIGHT_VERSION_MAX: max(versions)})
 
 
 class _EngineRequest(SpanScope):
@@ -226,13 +255,22 @@ class Turn(_EngineRequest):
     reports the response through it."""
 
     def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
-                 sample_attributes: Optional[Dict[str, Any]] = None) -> None:
+                 sample_attributes: Optional[Dict[str, Any]] = None,
+                 traj_versions: Optional[List[int]] = None) -> None:
         super().__init__(span)
         self.data = data
         self._traj_data = traj_data
         self._sample_attributes = sample_attributes or {}
         self.resumes = False  # generate calls inside this one are its attempts
         self.attempts = 0  # engine requests made for this turn by a resuming client
+        self.weight_versions: List[int] = []  # of its attempts
+        self._traj_versions = traj_versions if traj_versions is not None else []  # the trajectory's
+
+    def served_by(self, version: Optional[int]) -> None:
+        """An engine request of this turn was served by weight ``version``."""
+        if version is not None:
+            self.weight_versions.append(version)
+            self._traj_versions.append(version)
 
     def value(self) -> "Turn":
         return self
@@ -257,14 +295,23 @@ class Turn(_EngineRequest):
         stop_reason: Any = None,
         output_tokens: Optional[int] = None,
         server_meta: Optional[Mapping[str, Any]] = None,
+        weight_version: Any = None,
     ) -> None:
         """The call's response (never raises: a failure is counted). ``server_meta``, the
         server's per-request timing, goes to the trajectory JSONL, not on this span (the
-        server's own span, a child of this one, carries it)."""
+        server's own span, a child of this one, carries it). ``weight_version``: the
+        weights that served it (of a resumed turn: its last attempt's; each attempt says
+        its own, and the turn the range)."""
         data = self.data
         if data is None:
             return
         try:
+            version = _weight_version(weight_version)
+            if version is not None:
+                self.span.set_attribute(sc.WEIGHT_VERSION, version)
+                if not self.attempts:
+                    self.served_by(version)
+            _set_version_range(self.span, self.weight_versions if self.attempts else [])
             data.end_ts = time.time()
             kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
             data.completion_token_count = output_tokens
@@ -297,7 +344,7 @@ class Turn(_EngineRequest):
         if request_id:
             attrs[sc.LLM_REQUEST_ID] = _text(request_id)
         span = _start(sc.SPAN_LLM_ATTEMPT, Subject.LLM_ATTEMPT, None, attrs, kind=SpanKind.CLIENT)
-        return Attempt(span, self.data)
+        return Attempt(span, self)
 
 
 class Attempt(_EngineRequest):
@@ -305,9 +352,10 @@ class Attempt(_EngineRequest):
     the server's span. The turn keeps the whole completion; the first attempt's server
     timing stands for the turn (its queue and first token are the turn's)."""
 
-    def __init__(self, span: Any, turn_data: Optional[TurnData]) -> None:
+    def __init__(self, span: Any, turn: Turn) -> None:
         super().__init__(span)
-        self._turn_data = turn_data
+        self._turn = turn
+        self._turn_data = turn.data
 
     def value(self) -> "Attempt":
         return self
@@ -319,14 +367,20 @@ class Attempt(_EngineRequest):
         stop_reason: Any = None,
         output_tokens: Optional[int] = None,
         server_meta: Optional[Mapping[str, Any]] = None,
+        weight_version: Any = None,
     ) -> None:
-        """The attempt's response: its tokens and why it stopped (``abort`` when the
-        engine was interrupted) on its span (never raises: a failure is counted)."""
+        """The attempt's response: its tokens, why it stopped (``abort`` when the engine
+        was interrupted) and the weight version that served it on its span (never raises:
+        a failure is counted)."""
         if self.span is None:
             return
         try:
             count = output_tokens if output_tokens is not None else len(completion_ids or ())
             attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
+            version = _weight_version(weight_version)
+            if version is not None:
+                attrs[sc.WEIGHT_VERSION] = version
+                self._turn.served_by(version)
             if stop_reason:
                 attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(str(stop_reason)),)
             self.span.set_attributes(attrs)
@@ -346,7 +400,7 @@ class _CapturingTurn(Turn):
     the whole prompt (the turn's data keeps only the part the outputs read)."""
 
     def __init__(self, span: Any, data: TurnData, traj: "_TrajectoryScope", prompt: Any, messages: Any) -> None:
-        super().__init__(span, data, traj.data, traj.sample_attributes)
+        super().__init__(span, data, traj.data, traj.sample_attributes, traj.weight_versions)
         self._traj = traj
         self._prompt = prompt
         self._messages = messages  # (list, count) or None
@@ -449,7 +503,7 @@ def llm_call(
         messages, traj.next_messages = traj.next_messages, None  # for this call only
         turn: Turn = _CapturingTurn(span, data, traj, prompt_ids, messages)
     else:
-        turn = Turn(span, data, traj.data, traj.sample_attributes)
+        turn = Turn(span, data, traj.data, traj.sample_attributes, traj.weight_versions)
     turn.resumes = resumes
     return turn
 
@@ -556,7 +610,8 @@ class RewardHandle(SpanScope):
         return self
 
     @health.guarded(default=None)
-    def score(self, value: Any) -> None:
+    def score(self, value: Any, *, label: Optional[str] = None) -> None:
+        """The trajectory's score; ``label``: the reward's verdict in words, where it gives one."""
         if self.traj is None:
             return
         score = float(value)
@@ -564,6 +619,7 @@ class RewardHandle(SpanScope):
         if self.span is not None:
             self.span.set_attribute(sc.REWARD_SCORE, score)
             self.scored = score
+            _evaluation_result(self.traj, score, label)
 
     @health.guarded(default=None)
     def carrier(self) -> Optional[carriers.TraceCarrier]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional
 
 from otel_verl import events, health
 from otel_verl.deadline import Deadline
@@ -182,12 +182,21 @@ def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
     return wrapper
 
 
+class BatchRows(NamedTuple):
+    """The rows of a batch stage: uids and traj_uids, and where the batch says it, the
+    oldest weight version behind each row (verl's ``min_global_steps``)."""
+
+    uids: Any
+    traj_uids: Any
+    oldest_versions: Any = None
+
+
 def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., Any], *, finishes: bool = False):
     """Wrapper for a trainer method or module function that runs one batch stage: after it
     returns, one span per uid of its batch (``ids_of(wrapped, instance, args, kwargs,
-    result)`` gives ``(uids, traj_uids)``, or None when the batch is not reported), and the
-    samples end as trained when ``finishes``. Runs only under ``trainer_name`` (v1 calls some
-    of v0's module functions, such as compute_advantage)."""
+    result)`` gives its :class:`BatchRows`, or None when the batch is not reported), and the
+    samples end as trained in this step when ``finishes``. Runs only under ``trainer_name``
+    (v1 calls some of v0's module functions, such as compute_advantage)."""
 
     def wrapper(wrapped, instance, args, kwargs):
         if events.is_validating() or current.name != trainer_name:
@@ -195,13 +204,14 @@ def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., A
         start_ns = time.time_ns()
         result = wrapped(*args, **kwargs)
         try:
-            ids = ids_of(wrapped, instance, args, kwargs, result)
-            if ids is not None:
-                uids, traj_uids = ids
-                events.sample_stage_done(stage, uids, traj_uids, step=current.global_step(), start_ns=start_ns,
+            rows = ids_of(wrapped, instance, args, kwargs, result)
+            if rows is not None:
+                step = current.global_step()
+                events.sample_stage_done(stage, rows.uids, rows.traj_uids, step=step, start_ns=start_ns,
                                          trainer=trainer_name)
                 if finishes:
-                    events.samples_finished(uids, Outcome.TRAINED)
+                    events.samples_finished(rows.uids, Outcome.TRAINED, trained_step=step,
+                                            oldest_versions=rows.oldest_versions)
         except Exception as exc:
             health.record_failure(f"{COMPONENT}.{trainer_name}.{stage.value}", exc)
         return result

@@ -198,10 +198,28 @@ def _record_outcome(final: Any, reward: Any) -> None:
     if metrics is not None:
         events.agent_metrics(metrics.model_dump() if hasattr(metrics, "model_dump") else dict(metrics))
     if final.reward_score is not None:
+        label = _reward_label(final)
         if reward is not None:
-            reward.score(final.reward_score)
+            reward.score(final.reward_score, label=label)
         else:
-            events.trajectory_score(final.reward_score)
+            events.trajectory_score(final.reward_score, label=label)
+
+
+def _reward_label(final: Any) -> "str | None":
+    """The reward's verdict in words, where verl's reward gives one: a text ``label`` in
+    its extra info, else its ``acc`` (verl's math and code scorers) as correct/incorrect."""
+    extra = getattr(final, "extra_fields", None)
+    info = extra.get("reward_extra_info") if isinstance(extra, dict) else None
+    if not isinstance(info, dict):
+        return None
+    label = info.get("label")
+    if isinstance(label, str):
+        return label
+    acc = info.get("acc")
+    acc = acc.item() if hasattr(acc, "item") else acc  # a numpy scalar
+    if isinstance(acc, (bool, int, float)) and acc in (0, 1):
+        return "correct" if acc else "incorrect"
+    return None
 
 
 async def _call_tool(wrapped, instance, args, kwargs):

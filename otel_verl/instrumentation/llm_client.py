@@ -6,7 +6,8 @@ loops call for each turn (in the rollout worker). The async trainers' client,
 plain client again: both are wrapped, and the inner calls are attempts of the outer
 turn. The turn's (or attempt's) context goes to the server as a suffix of the
 engine request id (:func:`otel_verl.carriers.tag_request_id`); the server's timing comes
-back in ``extra_fields`` and is popped here.
+back in ``extra_fields`` and is popped here, beside verl's own ``global_steps``: the
+weight version that served the request.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ async def _traced_generate(wrapped, instance, args, kwargs, resumes: bool):
         output = await wrapped(*args, **kwargs)
         server_meta = _pop_server_meta(output)  # our server wrapper's own dict: ours to change
         output_tokens = server_meta.pop("completion_tokens", None) if isinstance(server_meta, dict) else None
+        extra = getattr(output, "extra_fields", None)
         turn.finish(
             getattr(output, "token_ids", ()) or (),
             stop_reason=getattr(output, "stop_reason", None),
             output_tokens=output_tokens,
             server_meta=server_meta,
+            # the weights that served it: the server's global_steps (verl sets it per request)
+            weight_version=extra.get("global_steps") if isinstance(extra, dict) else None,
         )
         return output
 

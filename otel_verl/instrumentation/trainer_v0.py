@@ -160,7 +160,8 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
         uids, traj_uids = _batch_ids(batch)
         if uids is None or batch.meta_info.get("validate", False):
             return None
-        return uids, traj_uids
+        # the agent loop's min_global_steps column: the oldest weights behind each row
+        return _trainer.BatchRows(uids, traj_uids, batch.non_tensor_batch.get("min_global_steps"))
 
     return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
 

@@ -22,7 +22,7 @@ of fit (each ends with an outcome saying which; the open set is bounded).
 from __future__ import annotations
 
 import time
-from typing import Any, List, Tuple
+from typing import Any, Iterator, List, Tuple
 
 from otel_verl import carriers, events, health
 from otel_verl.ids import id_list
@@ -52,11 +52,7 @@ def ids_from_keys(keys: Any, tags: Any) -> Tuple[List[str], List[str]]:
     uid = the key and traj ``N/A``."""
     uids: List[str] = []
     trajs: List[str] = []
-    tags = list(tags) if tags is not None else []
-    for i, key in enumerate(id_list(keys)):
-        tag = tags[i] if i < len(tags) else None
-        if isinstance(tag, dict) and tag.get("is_padding", False):
-            continue
+    for key, _ in _rows(keys, tags):
         parts = key.rsplit("_", 2)
         if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
             uids.append(parts[0])
@@ -65,6 +61,21 @@ def ids_from_keys(keys: Any, tags: Any) -> Tuple[List[str], List[str]]:
             uids.append(key)
             trajs.append(NO_TRAJ)
     return uids, trajs
+
+
+def oldest_versions(keys: Any, tags: Any) -> List[Any]:
+    """The oldest weight version behind each row of :func:`ids_from_keys` (its tag's
+    ``min_global_steps``, set by the agent loop when it stored the trajectory)."""
+    return [tag.get("min_global_steps") if isinstance(tag, dict) else None for _, tag in _rows(keys, tags)]
+
+
+def _rows(keys: Any, tags: Any) -> Iterator[Tuple[str, Any]]:
+    """(key, tag) of a batch's trajectories, padding entries (tag ``is_padding``) skipped."""
+    tags = list(tags) if tags is not None else []
+    for i, key in enumerate(id_list(keys)):
+        tag = tags[i] if i < len(tags) else None
+        if not (isinstance(tag, dict) and tag.get("is_padding", False)):
+            yield key, tag
 
 
 def _layout(instance: Any) -> str:
@@ -265,7 +276,7 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
         batch = result if hasattr(result, "keys") and hasattr(result, "tags") else arguments(wrapped, instance, args, kwargs)[1]["batch"]
         if getattr(batch, "partition_id", "train") != "train":
             return None
-        return ids_from_keys(batch.keys, batch.tags)
+        return _trainer.BatchRows(*ids_from_keys(batch.keys, batch.tags), oldest_versions(batch.keys, batch.tags))
 
     return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
 
