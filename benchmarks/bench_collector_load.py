@@ -140,18 +140,15 @@ def _time_exports(provider: Any) -> Dict[str, float]:
     """Wrap the OTLP exporter's ``export`` to add up the CPU its thread spends in it."""
     totals = {"export_cpu_s": 0.0, "export_calls": 0, "bsp_max_queue_size": None, "bsp_max_export_batch_size": None}
     from otel_verl import bootstrap
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.exporters.batch import BatchExportProcessor
 
     for processor in bootstrap.span_processors():
-        if not isinstance(processor, LossCountingProcessor):
+        if not isinstance(processor, BatchExportProcessor) or processor.output != "otlp":
             continue
-        inner = getattr(processor.batch, "_batch_processor", None)
-        if inner is None:
-            continue
-        totals["bsp_max_queue_size"] = inner._max_queue_size
-        totals["bsp_max_export_batch_size"] = inner._max_export_batch_size
-        totals["queue"] = inner._queue
-        exporter = inner._exporter
+        totals["bsp_max_queue_size"] = processor.max_queue_spans
+        totals["bsp_max_export_batch_size"] = processor.max_batch
+        totals["queue"] = processor._queue
+        exporter = processor.exporter
         original = exporter.export
         lock = threading.Lock()
 

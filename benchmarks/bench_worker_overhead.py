@@ -466,18 +466,17 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
         return provider
     level = MICRO_VARIANTS.index(variant)
     if level >= 1:
-        provider.add_span_processor(ProgressLogProcessor(trace_dir, max_pending_lines=cfg.writer_max_pending))
+        provider.add_span_processor(ProgressLogProcessor(trace_dir, max_pending_bytes=cfg.max_queue_bytes))
     if level >= 2:
-        provider.add_span_processor(SampleCsvProcessor(trace_dir, max_pending_rows=cfg.writer_max_pending))
+        provider.add_span_processor(SampleCsvProcessor(trace_dir, max_pending_bytes=cfg.max_queue_bytes))
     if level >= 3:
-        provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes))
+        provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes,
+                                                             max_pending_bytes=cfg.max_queue_bytes))
     if level >= 4:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
 
-        from otel_verl.exporters.otlp import RequestSplittingExporter
-
-        exporter = RequestSplittingExporter(OTLPSpanExporter(endpoint=endpoint + "/v1/traces"))  # as bootstrap
-        provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp"))  # bootstrap's queue size
+        exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as bootstrap
+        provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp", cfg, **bootstrap._bsp_options()))
     events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, cfg, sampler))
     return provider
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -127,7 +128,8 @@ def is_active() -> bool:
 
 
 def runtime_env(base: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """``base`` (a Ray runtime_env) plus otel_verl's setup hook and forwarded variables.
+    """``base`` (a Ray runtime_env) plus otel_verl's setup hook and forwarded variables
+    (never a secret: Ray writes a runtime env into its logs).
 
     A setup hook the user set already is kept (theirs wins; then only the self-
     activation path turns tracing on in workers) and reported once.
@@ -147,19 +149,24 @@ def runtime_env(base: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[
 
 def hydra_overrides(env: Optional[Mapping[str, str]] = None) -> List[str]:
     """Hydra overrides that switch tracing on in a ``verl.trainer.main_ppo`` run. Secrets
-    (:func:`otel_verl.settings.is_secret`) are left out: verl prints its whole config."""
+    (:func:`otel_verl.settings.is_secret`) are left out, as from every runtime env."""
     prefix = "+ray_kwargs.ray_init.runtime_env"
     out = [f"{prefix}.worker_process_setup_hook={SETUP_HOOK}"]
     for key, value in sorted(settings.with_run_resource(settings.forwarded_env(env)).items()):
-        if not settings.is_secret(key):
-            out.append(f"{prefix}.env_vars.{key}={_hydra_quote(value)}")
+        out.append(f"{prefix}.env_vars.{key}={hydra_quote(value)}")
     return out
 
 
-def _hydra_quote(value: str) -> str:
+def hydra_quote(value: str) -> str:
+    """``value`` as one Hydra override value (quoted unless it is a plain word or path).
+
+    Inside quotes Hydra halves only the backslashes before a quote (the one that escapes
+    it and the string's closing one): those are doubled, the others left as they are."""
     if value and all(c.isalnum() or c in "/._-:" for c in value):
         return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return "'" + escaped + "'"
 
 
 def patch_ray_init() -> None:

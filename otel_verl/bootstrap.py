@@ -47,11 +47,10 @@ _lock = threading.RLock()
 _provider: Any = None
 _processors: Any = None  # its IsolatingSpanProcessor
 _settings: Optional[settings_mod.Settings] = None
-_legacy: List[Any] = []  # legacy processors, flushed on shutdown
 _shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
 _atexit_registered = False
-_sigterm_installed = False
-_terminating = False  # SIGTERM came: the process dies of it once tracing is shut down
+_previous_sigterm: Any = signal.SIG_DFL  # what SIGTERM did before otel_verl's handler
+_terminating = False  # SIGTERM came: once tracing is shut down it does what it did before
 
 
 def configure(
@@ -157,7 +156,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     if cfg.offloads(role):
         tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))
     else:
-        for processor in output_processors(cfg):
+        for processor in output_processors(cfg, dict(tracer_provider.resource.attributes)):
             tracer_provider.add_span_processor(processor)
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(tracer_provider)
@@ -168,24 +167,29 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     return tracer_provider
 
 
-def output_processors(cfg: settings_mod.Settings) -> List[Any]:
+def output_processors(cfg: settings_mod.Settings, resource_attributes: Optional[dict] = None) -> List[Any]:
     """The span processors writing this process's outputs: the legacy files (a trace dir
-    set), OTLP (an endpoint set), the embedded OTLP-JSON files (a trace dir, no endpoint).
-    Also what the export process of :mod:`otel_verl.offload` runs."""
+    set), OTLP (an endpoint set), the embedded OTLP-JSON files (a trace dir, no endpoint),
+    the metrics, and the loss file (a trace dir) of the process of ``resource_attributes``.
+    Also what the export process of :mod:`otel_verl.offload` runs. Each queues what it
+    gets and writes from a thread of its own: none waits on another."""
     processors = _legacy_processors(cfg)
-    _legacy.extend(processors)
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        processors.append(_batch_processor(exporter, "otlp_json_file", cfg.shutdown_timeout_s))
+        # soon in the file: a process that dies leaves at most this much of its spans unwritten
+        processors.append(_batch_processor(exporter, "otlp_json_file", cfg, schedule_delay_s=FILE_BATCH_DELAY_S,
+                                           writes_files=True))
     metrics = _metrics_processor(cfg)
     if metrics is not None:
         processors.append(metrics)
     if cfg.otlp_endpoint:
-        # last: a collector that does not answer takes what is left of the shutdown
-        # deadline, not the files' share of it
-        processors.append(_batch_processor(_otlp_exporter(), "otlp", cfg.shutdown_timeout_s))
+        processors.append(_batch_processor(_otlp_exporter(cfg), "otlp", cfg, **_bsp_options()))
+    if cfg.trace_dir:
+        from otel_verl.exporters.loss_file import LossFileProcessor
+
+        processors.append(LossFileProcessor(cfg.trace_dir, resource_attributes))
     return processors
 
 
@@ -224,10 +228,11 @@ def metrics_outputs(cfg: settings_mod.Settings) -> List[str]:
         raise ValueError(f"{METRICS_EXPORTER}={raw}: unknown exporter {', '.join(unknown)} "
                          "(expected otlp, console or none)")
     wanted = []
-    if "otlp" in names and _metrics_endpoint():
-        wanted.append("otlp")
+    # files first: their reader's last collection must not wait on an OTLP exporter's retries
     if "otlp" in names and cfg.write_otlp_files:
         wanted.append("files")
+    if "otlp" in names and _metrics_endpoint():
+        wanted.append("otlp")
     if "console" in names:
         wanted.append("console")
     return wanted
@@ -271,13 +276,7 @@ def _metric_readers(cfg: settings_mod.Settings, wanted: List[str], endpoint: Opt
 def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:
     """The SDK's OTLP metric exporter the standard variables ask for; ``endpoint`` given
     only when it is not the exporter's own variable (the traces' endpoint reused)."""
-    protocol = ""
-    for variable in ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = (os.environ.get(variable) or "").strip()
-        if protocol:
-            break
-    if not protocol:
-        protocol = "http/protobuf" if endpoint and (":4318" in endpoint or "/v1/" in endpoint) else "grpc"
+    protocol = settings_mod.otlp_protocol("METRICS", endpoint=endpoint)
     own = os.environ.get(OTLP_METRICS_ENDPOINT)
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
@@ -293,6 +292,7 @@ def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:
 
 
 EXPORT_PROCESS_SHARE = 0.75
+EXPORT_PROCESS_MARGIN_S = 1.0  # of the deadline, to send it the last spans, read its answer and let it exit
 
 
 def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
@@ -302,12 +302,14 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     from otel_verl.offload.wire import HostConfig
 
     # the export process keeps a share of the shutdown deadline: the rest is for sending it
-    # the last spans and reading back what it could not export
-    host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=cfg.shutdown_timeout_s * EXPORT_PROCESS_SHARE)
+    # the last spans, reading back what it could not export and killing it if it hangs
+    timeout_s = cfg.shutdown_timeout_s
+    share = max(0.1 * timeout_s, min(timeout_s * EXPORT_PROCESS_SHARE, timeout_s - EXPORT_PROCESS_MARGIN_S))
+    host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=share)
     config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
     # past its restart limit, the worker writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
-    return OffloadSpanProcessor(config, max_pending=cfg.writer_max_pending, start_subjects=output_start_subjects(),
-                                in_process_outputs=lambda: output_processors(cfg),
+    return OffloadSpanProcessor(config, max_pending_bytes=cfg.max_queue_bytes, start_subjects=output_start_subjects(),
+                                in_process_outputs=lambda: output_processors(cfg, config.resource_attributes),
                                 shutdown_timeout_s=cfg.shutdown_timeout_s)
 
 
@@ -325,65 +327,63 @@ def output_start_subjects() -> FrozenSet[Any]:
 def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:
     from otel_verl.exporters.progress_log import ProgressLogProcessor
 
-    processors: List[Any] = [ProgressLogProcessor(cfg.trace_dir, max_pending_lines=cfg.writer_max_pending)]
+    processors: List[Any] = [ProgressLogProcessor(cfg.trace_dir, max_pending_bytes=cfg.max_queue_bytes)]
     if cfg.trace_dir:
         from otel_verl.exporters.sample_csv import SampleCsvProcessor
         from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
 
         processors.append(
-            SampleCsvProcessor(cfg.trace_dir, flow_stdout=cfg.flow_stdout, max_pending_rows=cfg.writer_max_pending)
+            SampleCsvProcessor(cfg.trace_dir, flow_stdout=cfg.flow_stdout, max_pending_bytes=cfg.max_queue_bytes)
         )
-        processors.append(TrajectoryJsonlProcessor(cfg.trace_dir, max_file_bytes=cfg.jsonl_max_bytes))
+        processors.append(TrajectoryJsonlProcessor(cfg.trace_dir, max_file_bytes=cfg.jsonl_max_bytes,
+                                                   max_pending_bytes=cfg.max_queue_bytes,
+                                                   max_text_chars=cfg.jsonl_max_text_chars))
     return processors
 
 
-def _otlp_exporter() -> Any:
-    """The SDK's OTLP span exporter the standard variables ask for (it reads endpoint,
-    headers, timeout, compression and certificates itself), sending a batch as requests
-    of bounded size."""
-    variable = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-    if not os.environ.get(variable):
-        variable = "OTEL_EXPORTER_OTLP_PROTOCOL"
-    protocol = (os.environ.get(variable) or "").strip()
-    if not protocol:
-        endpoint = os.environ.get(settings_mod.OTLP_TRACES_ENDPOINT) or os.environ.get(settings_mod.OTLP_ENDPOINT) or ""
-        # no protocol given: port 4318 or a /v1/traces path means OTLP/HTTP, else gRPC
-        protocol = "http/protobuf" if (":4318" in endpoint or "/v1/traces" in endpoint) else "grpc"
+def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
+    """The OTLP span exporter the standard variables ask for (endpoint, protocol, headers,
+    timeout, compression, certificates), sending a batch as requests under the receivers'
+    size limit: otel_verl's own (its encoders write the SDK encoder's bytes at a fraction
+    of its CPU), or with ``OTEL_VERL_OTLP_EXPORTER=sdk`` the SDK's."""
+    protocol = settings_mod.otlp_protocol("TRACES")
+    if cfg.otlp_exporter != "sdk":
+        from otel_verl.exporters.otlp_exporter import PROTOCOLS, OtlpSpanExporter
+
+        if protocol not in PROTOCOLS:
+            raise settings_mod.ConfigError(f"OTLP protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+        return OtlpSpanExporter(protocol=protocol)
     from otel_verl.exporters.otlp import RequestSplittingExporter
 
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol in ("http/protobuf", "http/json"):
+    elif protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise settings_mod.ConfigError(f"{variable}={protocol!r}: expected grpc or http/protobuf")
-    # a batch of spans with message content would pass the receivers' request size limit
+    else:  # the SDK's HTTP exporter sends protobuf only
+        raise settings_mod.ConfigError(f"OTLP protocol {protocol!r}: the SDK's exporters take grpc or http/protobuf")
     return RequestSplittingExporter(OTLPSpanExporter())
 
 
-# Span queue of the BatchSpanProcessors otel_verl builds when OTEL_BSP_MAX_QUEUE_SIZE is
-# unset. The SDK's 2048 is smaller than one step's bursts: a 1024 x 16 step ends up to
-# ~6k spans faster than an exporter thread on 2 cores sends them (batch stages end 1024
-# sample-stage spans at once, back to back), and a full queue drops spans
-# (benchmarks/bench_collector_load.py). A queued span holds ~3 KB, so a full queue of
-# 16384 (a collector that is down) costs ~50 MB.
-DEFAULT_BSP_MAX_QUEUE_SIZE = 16384
+FILE_BATCH_DELAY_S = 0.5  # the OTLP-JSON files' batches: spans are in the file within a second
 
 
-def _batch_processor(exporter: Any, output: str,
-                     shutdown_timeout_s: float = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S) -> Any:
-    """A batch span processor with its losses counted; the standard OTEL_BSP_* variables
-    win over otel_verl's queue size."""
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+def _bsp_options() -> dict:
+    """The OTLP batch processor's options: the standard ``OTEL_BSP_*`` variables, the
+    SDK's defaults where they are unset. Its queue is bounded in bytes besides
+    (``OTEL_VERL_MAX_QUEUE_MB``): a 1024 x 16 step ends up to ~6k spans faster than one
+    exporter thread on 2 cores sends them (batch stages end 1024 sample-stage spans at
+    once, benchmarks/bench_collector_load.py), which the SDK's 2048 spans would drop."""
+    from otel_verl.exporters.batch import options_from_env
 
-    if (os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or "").strip():
-        return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s)
-    queue = DEFAULT_BSP_MAX_QUEUE_SIZE
-    try:  # a larger export batch than our queue would be rejected by the SDK
-        queue = max(queue, int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 0))
-    except ValueError:
-        pass  # the SDK warns about the bad value and uses its default batch size
-    return LossCountingProcessor(exporter, output, shutdown_timeout_s=shutdown_timeout_s, max_queue_size=queue)
+    return {"schedule_delay_s": 5.0, **options_from_env()}
+
+
+def _batch_processor(exporter: Any, output: str, cfg: settings_mod.Settings, **options: Any) -> Any:
+    """A batch processor of ``exporter`` whose losses are counted under ``output``."""
+    from otel_verl.exporters.batch import BatchExportProcessor
+
+    return BatchExportProcessor(exporter, output, max_queue_bytes=cfg.max_queue_bytes,
+                                shutdown_timeout_s=cfg.shutdown_timeout_s, **options)
 
 
 def _resource(role: str) -> Any:
@@ -493,7 +493,6 @@ def shutdown(timeout_s: Optional[float] = None) -> None:
     except Exception as exc:
         health.record_failure("bootstrap.shutdown", exc)
     finally:
-        _legacy.clear()
         _report_losses()
         shut_down.set()
 
@@ -512,19 +511,57 @@ def _report_losses() -> None:
 
 
 def _register_shutdown() -> None:
-    global _atexit_registered, _sigterm_installed
+    global _atexit_registered
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
         _atexit_registered = True
-    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+        _follow_ray_init()
+    _install_sigterm_handler()
+
+
+def _install_sigterm_handler() -> None:
+    """SIGTERM shuts tracing down first, then does what it did before: the default (the
+    process dies of it) or the handler another library installed (Ray's driver raises
+    SystemExit, whose exit would otherwise abort the process before any output flushed).
+    An ignored SIGTERM stays ignored."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a handler
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _on_sigterm or current is signal.SIG_IGN:
+            return
+        _previous_sigterm = signal.SIG_DFL if current is None else current
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter thread / unsupported
+        pass
+
+
+def _follow_ray_init() -> None:
+    """``ray.init`` sets a SIGTERM handler of its own and registers its shutdown at exit,
+    which tears Ray down (and aborts the driver) before ours would run: after it, ours
+    are put in front again."""
+    import wrapt
+
+    def after_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         try:
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                signal.signal(signal.SIGTERM, _on_sigterm)
-                _sigterm_installed = True
-        except (ValueError, OSError):  # not the main interpreter thread / unsupported
-            pass
+            return wrapped(*args, **kwargs)
+        finally:
+            try:
+                if _provider is not None:
+                    atexit.unregister(_shutdown_at_exit)
+                    atexit.register(_shutdown_at_exit)  # runs before Ray's (last in, first out)
+                    _install_sigterm_handler()
+            except Exception as exc:
+                health.record_failure("bootstrap.ray_init", exc)
+
+    @wrapt.when_imported("ray")
+    def _patch(ray_module: Any) -> None:
+        if not getattr(ray_module.init, "_otel_verl_follows", False):
+            wrapt.wrap_function_wrapper(ray_module, "init", after_init)
+            ray_module.init._otel_verl_follows = True
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -532,18 +569,19 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     may hold a lock the shutdown takes, and would never release it under the handler."""
     global _terminating
     _terminating = True
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    # a second SIGTERM does at once what the first would have done without us
+    signal.signal(signal.SIGTERM, _previous_sigterm)
     try:
         # threading.Thread.start takes threading's own lock, which the interrupted code
         # may hold too; _thread takes none
         _thread.start_new_thread(_terminate, ())
-    except Exception:  # no thread to be had: die now, as without us
+    except Exception:  # no thread to be had: as without us, now
         os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _terminate() -> None:
-    """Shut tracing down (within its deadline), then die of SIGTERM as the process would
-    have without us."""
+    """Shut tracing down (within its deadline), then let SIGTERM do what it did before:
+    the process dies of it, or the handler we stood in front of runs (on the main thread)."""
     try:
         shutdown()
     finally:
@@ -552,8 +590,8 @@ def _terminate() -> None:
 
 def _shutdown_at_exit() -> None:
     shutdown()  # waits for one under way (SIGTERM's, when the main thread ends meanwhile)
-    if _terminating:
-        os.kill(os.getpid(), signal.SIGTERM)
+    if _terminating and _previous_sigterm is signal.SIG_DFL:
+        os.kill(os.getpid(), signal.SIGTERM)  # die of it, as without us
 
 
 def _after_fork_in_child() -> None:

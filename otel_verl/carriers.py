@@ -29,6 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_verl import health
 from otel_verl.settings import RUN_ID
 
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
@@ -163,7 +164,14 @@ def context_from(carrier: Any) -> Optional[otel_context.Context]:
         headers = {"traceparent": carrier}
     else:
         return None
-    ctx = _propagator.extract(headers)
+    # a header dict comes from the caller (an HTTP request's headers, a custom loop's
+    # kwargs): what is no text carries no context, and the propagator would raise on it
+    headers = {key: value for key, value in headers.items() if type(key) is str and isinstance(value, str)}
+    try:
+        ctx = _propagator.extract(headers)
+    except Exception as exc:
+        health.record_failure("carriers.extract", exc)
+        return None
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from typing import Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import click
 
@@ -105,12 +105,11 @@ def overrides(sglang_timing: bool) -> None:
 
     for line in hydra_overrides() + ([ENABLE_METRICS_OVERRIDE] if sglang_timing else []):
         click.echo(line)
-    secrets = sorted(name for name in settings.forwarded_env() if settings.is_secret(name))
+    secrets = settings.secret_names()
     if secrets:
-        click.echo(f"otel-verl: {', '.join(secrets)} not printed (credentials; verl prints its config): Ray's "
-                   "workers inherit it from the environment that starts Ray (this shell for a local "
-                   "ray.init, `ray start` on a cluster), or use `otel-verl run`, which hands it to Ray "
-                   "unprinted", err=True)
+        click.echo(f"otel-verl: {', '.join(secrets)} left out (credentials: verl prints its config, Ray logs "
+                   "its runtime env): Ray's workers inherit them from the environment that starts Ray (this "
+                   "shell for a local ray.init, `ray start` on a cluster)", err=True)
 
 
 def _print_rich(draw) -> None:
@@ -143,6 +142,10 @@ class _Check:
     detail: str = ""
     fix: str = ""  # one line, for WARN and FAIL
     component: str = ""  # hooks: the instrumentation module that owns the hook
+
+    def __post_init__(self) -> None:
+        # an endpoint's password never reaches the screen (settings.redacted)
+        self.detail, self.fix = settings.redacted(self.detail), settings.redacted(self.fix)
 
 
 def _version(dist: str) -> str | None:
@@ -348,8 +351,8 @@ def _endpoint_check(endpoint: str | None, timeout: float) -> _Check:
     if not host:
         return _Check("output", "OTLP endpoint", FAIL, f"{endpoint}: no host", "set OTEL_EXPORTER_OTLP_ENDPOINT=http://host:4317")
     if port is None:
-        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "").strip()
-        port = 443 if parsed.scheme == "https" else (4318 if protocol.startswith("http") or "/v1/traces" in parsed.path else 4317)
+        protocol = settings.otlp_protocol("TRACES", endpoint=raw)
+        port = 443 if parsed.scheme == "https" else (4318 if protocol.startswith("http") else 4317)
     try:
         with socket.create_connection((host, port), timeout=timeout):
             pass
@@ -503,14 +506,23 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Draw the timeline (one row per step) into this PNG.")
 @click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Slowest trajectories to list.")
-def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> None:
+@click.option("--perfetto", "perfetto_path", type=click.Path(dir_okay=False),
+              help="Also write the run as a Perfetto trace (open it in ui.perfetto.dev) into this file.")
+@click.option("--compare", is_flag=True,
+              help="Compare two runs, PATHS = A B: steps, stages and rollout latency side by side with B/A (--png: as a figure).")
+def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, perfetto_path: str | None,
+           compare: bool) -> None:
     """Where a run's time went: stage durations per step, rollout latency percentiles,
-    the slowest trajectories split into LLM / tools / reward, samples that never finished,
-    losses. PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the
-    Collector file exporter's)."""
+    the slowest trajectories split into LLM / tools / reward, the tail of each step
+    (critical path, replicas, waiting, staleness), samples that never finished, losses.
+    PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the Collector
+    file exporter's); with --compare two runs, A and B."""
     import json
 
-    from otel_verl.report import InputError, build
+    from otel_verl.report import build
+
+    if compare and len(paths) != 2:
+        raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
 
     if png:  # before reading the run, which may take a while
         from otel_verl.report.timeline import MatplotlibMissing, require_matplotlib
@@ -519,21 +531,27 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> 
             require_matplotlib()
         except MatplotlibMissing as exc:
             raise click.ClickException(f"--png: {exc}") from None
-    try:
-        data = build(list(paths), top=top, unfinished_limit=None if as_json else 20)
-    except (InputError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # malformed data past the format checks: one line, no traceback
-        raise click.ClickException(f"cannot read {', '.join(paths)}: {type(exc).__name__}: {exc}") from None
-    for t in data["inputs"]["truncated_files"]:
-        click.echo(f"warning: {t['path']} ends with a truncated line ({t['bytes']} bytes; still being written?): skipped", err=True)
+    if perfetto_path:
+        if compare:
+            raise click.ClickException("--perfetto writes one run: give it without --compare")
+        from otel_verl.report.perfetto import PerfettoMissing, require_perfetto
+
+        try:
+            require_perfetto()
+        except PerfettoMissing as exc:
+            raise click.ClickException(f"--perfetto: {exc}") from None
+    if compare:
+        _report_comparison(paths, as_json, png)
+        return
+    data = _read_runs(paths, lambda: build(list(paths), top=top, unfinished_limit=None if as_json else 20))
+    _warn_truncated(data["inputs"]["truncated_files"])
     if png:
         from otel_verl.report.timeline import draw
 
-        try:
-            data["png"] = {"path": png, **draw(data, png)}
-        except OSError as exc:
-            raise click.ClickException(f"{png}: cannot write the PNG ({exc.strerror or exc})") from None
+        data["png"] = _draw_png(png, lambda: draw(data, png))
+    written = _write_perfetto(paths, perfetto_path) if perfetto_path else None
+    if written is not None:
+        data["perfetto"] = written.as_dict()
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
@@ -542,6 +560,60 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> 
     _print_rich(lambda console: render(data, console))
     if png:
         click.echo(f"timeline: {png}")
+    for line in written.lines() if written is not None else ():
+        click.echo(line)
+
+
+def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
+    """``read()``, with what is wrong with the input as a one-line error."""
+    from otel_verl.report import InputError
+
+    try:
+        return read()
+    except (InputError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # malformed data past the format checks: one line, no traceback
+        raise click.ClickException(f"cannot read {', '.join(paths)}: {type(exc).__name__}: {exc}") from None
+
+
+def _warn_truncated(truncated_files: List[Dict[str, Any]]) -> None:
+    for t in truncated_files:
+        click.echo(f"warning: {t['path']} ends with a truncated line ({t['bytes']} bytes; still being written?): skipped", err=True)
+
+
+def _draw_png(png: str, draw: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    try:
+        return {"path": png, **draw()}
+    except OSError as exc:
+        raise click.ClickException(f"{png}: cannot write the PNG ({exc.strerror or exc})") from None
+
+
+def _write_perfetto(paths: Tuple[str, ...], path: str) -> Any:
+    from otel_verl.report import InputError, perfetto
+
+    try:
+        return perfetto.write(list(paths), path)
+    except (InputError, perfetto.OutputError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -> None:
+    import json
+
+    from otel_verl.report import compare
+
+    data = _read_runs(paths, lambda: compare.build_comparison(*paths))
+    _warn_truncated(data["a"]["truncated_files"] + data["b"]["truncated_files"])
+    if png:
+        data["png"] = _draw_png(png, lambda: compare.draw(data, png))
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    from otel_verl.report.text import render_comparison
+
+    _print_rich(lambda console: render_comparison(data, console))
+    if png:
+        click.echo(f"comparison: {png}")
 
 
 # --------------------------------------------------------------------------- replay

@@ -38,7 +38,15 @@ def id_str(value: Any) -> str:
             s = bytes(value).decode("utf-8", "replace")
         else:
             s = str(value)
-    return well_formed(s if len(s) <= _MAX_ID_CHARS else s[:_MAX_ID_CHARS])
+    return well_formed(s if len(s) <= _MAX_ID_CHARS else bounded_id(s))
+
+
+def bounded_id(s: str) -> str:
+    """A long id cut to ``_MAX_ID_CHARS`` that stays apart from every other: its head,
+    then ``~`` and a hash of the whole id (two uids that share their first 256
+    characters are two samples)."""
+    digest = hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{s[:_MAX_ID_CHARS - len(digest) - 1]}~{digest}"
 
 
 def well_formed(text: str) -> str:

@@ -222,6 +222,25 @@ class TrajectoryData:
     decode: Optional[Callable[..., str]] = None
     encode: Optional[Callable[..., List[int]]] = None
 
+    def approx_bytes(self) -> int:
+        """About the memory its turns hold (kept token ids, texts), for the bounded queues
+        it waits in."""
+        size = 512
+        for turn in self.turns:
+            size += 256 + ID_BYTES * (_held(turn.prompt_ids) + _held(turn.completion_ids))
+            if turn.observation_text:
+                size += len(turn.observation_text)
+        return size
+
+
+ID_BYTES = 8  # a kept id: 4 in an array, more in a list
+
+
+def _held(ids: Any) -> int:
+    if type(ids) is PromptTail:
+        ids = ids.tokens
+    return len(ids) if ids is not None else 0
+
 
 @dataclass
 class RolloutData:

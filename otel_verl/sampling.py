@@ -27,6 +27,11 @@ from otel_verl.deadline import Call, Deadline, Late
 from otel_verl.payload import payload_of
 from otel_verl.settings import DEFAULT_SHUTDOWN_TIMEOUT_S
 
+# Of a shutdown's deadline, what each later shutdown order (the metrics, the loss file)
+# keeps: at most this many seconds, at most this share of what is left.
+LATER_SHUTDOWN_RESERVE_S = 1.0
+LATER_SHUTDOWN_SHARE = 0.1
+
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
 
@@ -144,14 +149,25 @@ class IsolatingSpanProcessor(SpanProcessor):
 
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         """Shuts every processor down within one deadline (``timeout_millis``, else
-        :attr:`timeout_s`). A processor whose ``shutdown`` takes ``timeout_millis`` is called
-        in turn with what is left, and keeps it, counting what it could not export (as
-        :class:`~otel_verl.exporters.loss_counting.LossCountingProcessor` does). The others
-        run meanwhile, each on a thread of its own, and are waited for until the deadline
-        only: one that is late is counted as failed."""
+        :attr:`timeout_s`), in the order of their ``shutdown_order`` (default 0): the
+        metrics and the loss file (1, 2) last, once the outputs counted what they lost;
+        each later order keeps a share of the deadline. Within an order, a processor whose
+        ``shutdown`` takes ``timeout_millis`` is called in turn with what is left, and keeps
+        it, counting what it could not export; the others run meanwhile, each on a thread
+        of its own, and are waited for until the deadline only: one that is late is
+        counted as failed."""
         deadline = self._deadline(timeout_millis)
-        others = [(sp, Call(sp.shutdown)) for sp in self.processors if not _takes_timeout(sp.shutdown)]
-        for sp in self.processors:
+        orders = sorted({getattr(sp, "shutdown_order", 0) for sp in self.processors})
+        for i, order in enumerate(orders):
+            later = len(orders) - 1 - i
+            reserve = later * min(LATER_SHUTDOWN_RESERVE_S, deadline.left_s() * LATER_SHUTDOWN_SHARE)
+            self._shut_down([sp for sp in self.processors if getattr(sp, "shutdown_order", 0) == order],
+                            Deadline(deadline.left_s() - reserve))
+
+    @staticmethod
+    def _shut_down(processors: list, deadline: Deadline) -> None:
+        others = [(sp, Call(sp.shutdown)) for sp in processors if not _takes_timeout(sp.shutdown)]
+        for sp in processors:
             if _takes_timeout(sp.shutdown):
                 try:
                     sp.shutdown(timeout_millis=deadline.left_ms())

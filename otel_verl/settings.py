@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -36,8 +37,11 @@ FLOW_STDOUT = "OTEL_VERL_FLOW_STDOUT"
 TRACE_VALIDATION = "OTEL_VERL_TRACE_VALIDATION"
 JSONL_MAX_MB = "OTEL_VERL_JSONL_MAX_MB"
 MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
-WRITER_MAX_PENDING = "OTEL_VERL_WRITER_MAX_PENDING"
+MAX_QUEUE_MB = "OTEL_VERL_MAX_QUEUE_MB"  # each queue between the traced code and a file or endpoint
+JSONL_MAX_TEXT_CHARS = "OTEL_VERL_JSONL_MAX_TEXT_CHARS"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
+OTLP_EXPORTER = "OTEL_VERL_OTLP_EXPORTER"  # otel_verl (its own encoders, the default) or sdk (the SDK's exporters)
+OTLP_EXPORTERS = ("otel_verl", "sdk")
 OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers
 SHUTDOWN_TIMEOUT_S = "OTEL_VERL_SHUTDOWN_TIMEOUT_S"  # seconds a flush or shutdown may take, all outputs together
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -53,6 +57,11 @@ FORWARDED_NAMES = (TRACE_DIR, "DLC_JOB_ID")
 
 # Kubernetes sends SIGKILL 30 s after SIGTERM; the process itself may need the rest.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+# Each queue (a writer's lines, a batch processor's spans, a rollout worker's spans on their
+# way to its export process) holds at most this much: a few seconds of a 1024 x 16 step's
+# spans, tens of MB a process however long a collector or a disk stalls.
+DEFAULT_MAX_QUEUE_MB = 32
+DEFAULT_JSONL_MAX_TEXT_CHARS = 1 << 20
 
 
 class ConfigError(ValueError):
@@ -94,6 +103,31 @@ def _capture_content(env: Mapping[str, str], name: str, default: bool) -> bool:
                       "EVENT_ONLY, SPAN_AND_EVENT")
 
 
+def _otlp_exporter(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in OTLP_EXPORTERS:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(OTLP_EXPORTERS)}")
+    return value
+
+
+def otlp_protocol(signal: str, env: Optional[Mapping[str, str]] = None, endpoint: Optional[str] = None) -> str:
+    """The OTLP protocol of ``signal`` (``TRACES``, ``METRICS``): its own variable, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``; neither set, guessed from ``endpoint`` (else the
+    signal's or the general endpoint variable): port 4318 or a ``/v1/`` path is what an
+    OTLP/HTTP receiver serves, anything else gets gRPC, the SDK's default."""
+    env = os.environ if env is None else env
+    for variable in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = (env.get(variable) or "").strip().lower()
+        if protocol:
+            return protocol
+    if endpoint is None:
+        endpoint = env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or env.get(OTLP_ENDPOINT) or ""
+    return "http/protobuf" if (":4318" in endpoint or "/v1/" in endpoint) else "grpc"
+
+
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     return _positive(env, name, default, int, "a positive integer")
 
@@ -125,11 +159,13 @@ class Settings:
     capture_content: bool
     jsonl_max_bytes: int
     max_open_samples: int
-    writer_max_pending: int
+    max_queue_bytes: int
     otlp_file: Optional[bool]
     sdk_disabled: bool
     offload: Optional[bool] = None  # None: decided by role
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # one flush or shutdown, every output together
+    jsonl_max_text_chars: int = DEFAULT_JSONL_MAX_TEXT_CHARS  # each text of a trajectory JSONL line is cut there
+    otlp_exporter: str = "otel_verl"  # whose OTLP span exporter: otel_verl's own, or the SDK's
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
@@ -215,11 +251,13 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         capture_content=optional(_capture_content, CAPTURE_CONTENT, False, shown="no content"),
         jsonl_max_bytes=optional(_positive_int, JSONL_MAX_MB, 100) * 1024 * 1024,
         max_open_samples=optional(_positive_int, MAX_OPEN_SAMPLES, 1 << 16),
-        writer_max_pending=optional(_positive_int, WRITER_MAX_PENDING, 1 << 20),
+        max_queue_bytes=optional(_positive_int, MAX_QUEUE_MB, DEFAULT_MAX_QUEUE_MB) << 20,
+        jsonl_max_text_chars=optional(_positive_int, JSONL_MAX_TEXT_CHARS, DEFAULT_JSONL_MAX_TEXT_CHARS),
         otlp_file=optional(_tristate, OTLP_FILE, None, shown="on when no endpoint is set"),
         sdk_disabled=_flag(env, SDK_DISABLED, False),
         offload=optional(_tristate, OFFLOAD, None, shown="rollout workers only"),
         shutdown_timeout_s=optional(_positive_seconds, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
+        otlp_exporter=optional(_otlp_exporter, OTLP_EXPORTER, "otel_verl"),
     )
 
 
@@ -228,16 +266,38 @@ def _tristate(env: Mapping[str, str], name: str, default: Optional[bool]) -> Opt
     return default if env.get(name) is None else _flag(env, name, False)
 
 
-def is_secret(name: str) -> bool:
-    """Whether a forwarded variable holds credentials (OTLP exporter headers carry auth
-    tokens): never printed, never in a config that verl prints."""
-    return name.startswith("OTEL_EXPORTER_OTLP") and name.endswith("HEADERS")
+# Names of variables that hold credentials: OTLP exporter headers carry auth tokens; keys,
+# tokens and passwords of any tool the job forwards.
+_SECRET_SUFFIXES = ("_HEADERS", "_KEY", "_TOKEN", "_PASSWORD", "_SECRET", "_CREDENTIALS")
+_URL_PASSWORD = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*):(?P<password>[^/@\s]*)@")
+
+
+def is_secret(name: str, value: Optional[str] = None) -> bool:
+    """Whether a variable holds credentials (a secret's name, or a URL with a password
+    in its value): never in Ray's runtime env (Ray logs it), a config verl prints, or the
+    CLI's output."""
+    return name.upper().endswith(_SECRET_SUFFIXES) or (value is not None and _URL_PASSWORD.search(value) is not None)
+
+
+def redacted(text: str) -> str:
+    """``text`` with the password of every URL in it written as ``***``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 
 def forwarded_env(env: Optional[Mapping[str, str]] = None) -> dict:
-    """The variables to copy into every Ray worker's runtime env."""
+    """The variables to copy into every Ray worker's runtime env: otel_verl's and the
+    standard ``OTEL_*`` ones, secrets left out (:func:`is_secret`). Those reach the
+    workers from the environment Ray's processes inherit (the shell that starts Ray)."""
     env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+    return {k: v for k, v in env.items()
+            if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES) and not is_secret(k, v)}
+
+
+def secret_names(env: Optional[Mapping[str, str]] = None) -> list:
+    """The variables :func:`forwarded_env` leaves out because they hold credentials."""
+    env = os.environ if env is None else env
+    return sorted(k for k, v in env.items()
+                  if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES) and is_secret(k, v))
 
 
 def with_run_resource(env_vars: Mapping[str, str]) -> dict:

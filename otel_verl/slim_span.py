@@ -29,6 +29,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health
+from otel_verl.ids import well_formed
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -109,7 +110,7 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
     they are, sequences of those as a tuple, ``None`` for nothing, anything else as its
     text (as the SDK does)."""
     if isinstance(value, str):
-        return value if max_length is None or len(value) <= max_length else value[:max_length]
+        return well_formed(value if max_length is None or len(value) <= max_length else value[:max_length])
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, (list, tuple)):
@@ -172,6 +173,8 @@ class SlimSpan(trace.Span):
             if type(value) is str:
                 if max_length is not None and len(value) > max_length:
                     value = value[:max_length]
+                if not value.isascii():  # (constant time) a lone surrogate would fail its batch
+                    value = well_formed(value)
             elif type(value) not in _NUMBERS:
                 value = _otlp_value(value, max_length)
                 if value is None:
@@ -188,7 +191,10 @@ class SlimSpan(trace.Span):
         if limit is not None and len(self._events) >= limit:
             health.record_dropped("span_events", 1, "OTEL_SPAN_EVENT_COUNT_LIMIT")
             return
-        event = Event(name, dict(attributes) if attributes else None, timestamp or time_ns())
+        if attributes:
+            attributes = {key: well_formed(value) if type(value) is str and not value.isascii() else value
+                          for key, value in attributes.items()}
+        event = Event(name, attributes or None, timestamp or time_ns())
         self._events = (*self._events, event)
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
@@ -209,6 +215,8 @@ class SlimSpan(trace.Span):
             return  # OK is final, as the specification says
         if not isinstance(status, Status):
             status = Status(status, description)
+        if status.description and not status.description.isascii():
+            status = Status(status.status_code, well_formed(status.description))
         if status.status_code is not StatusCode.UNSET:
             self._status = status
 

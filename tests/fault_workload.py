@@ -137,20 +137,20 @@ class Outputs:
 
     def __init__(self) -> None:
         from otel_verl import bootstrap
-        from otel_verl.exporters.loss_counting import LossCountingProcessor
+        from otel_verl.exporters.batch import BatchExportProcessor
 
-        self.legacy = list(bootstrap._legacy)
-        self.batch = [p for p in bootstrap.span_processors() if isinstance(p, LossCountingProcessor)]
+        processors = bootstrap.span_processors()
+        self.legacy = [p for p in processors if getattr(p, "writer", None) is not None]
+        self.batch = [p for p in processors if isinstance(p, BatchExportProcessor)]
 
     def report(self, **extra: Any) -> Dict[str, Any]:
         from otel_verl import health
 
         writers = {}
         for p in self.legacy:
-            writer = getattr(p, "writer", None)
-            if writer is not None:
-                writers[writer.output] = {"written": writer.written_lines, "dropped": writer.dropped_lines}
-        exported = {p.output: p.exporter.exported for p in self.batch}
+            writer = p.writer
+            writers[writer.output] = {"written": writer.written_lines, "dropped": writer.dropped_lines}
+        exported = {p.output: p.exported for p in self.batch}
         return {"health": health.snapshot(), "writers": writers, "exported": exported, "pid": os.getpid(), **extra}
 
 

@@ -173,3 +173,49 @@ def test_the_sdk_cost_benchmark_prices_a_trajectorys_spans_and_records():
     assert "spans per trajectory: 4 (" in proc.stdout, proc.stdout
     assert re.search(r"metric records: 9 per trajectory x [\d.]+ us", proc.stdout), proc.stdout
     assert re.search(r"OTLP protobuf encoding: [1-9]\d* us per trajectory", proc.stdout), proc.stdout
+
+
+def test_the_perfetto_benchmark_converts_every_generated_span(tmp_path):
+    """bench_perfetto, tiny size (16 prompts x 4 trajectories of 2 turns): every generated
+    span is a slice of the file it timed, with a track and a flow per trajectory."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_perfetto.py"), "--quick",
+                           "--json", str(out), "--keep", str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    # the step and its 9 stages, verl.fit; per prompt 7 trainer spans; per trajectory the agent span,
+    # 2 turns and their server requests, a tool call, the reward and the reward worker's span
+    assert result["spans"] == 11 + 16 * 7 + 16 * 4 * 8
+    assert result["slices"] == result["spans"] and result["left_out"] == {}
+    assert result["trajectory_tracks"] == result["flows"] == 16 * 4
+    assert math.isfinite(result["total_s"]) and result["bytes"] == (tmp_path / "step.pftrace").stat().st_size
+    trace = pb.Trace()
+    trace.ParseFromString((tmp_path / "step.pftrace").read_bytes())
+    starts = [p for p in trace.packet if p.HasField("track_event")
+              and p.track_event.type in (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_INSTANT)]
+    assert len(starts) == result["spans"]
+    assert f"{result['spans']:,} spans" in proc.stdout and "conversion: " in proc.stdout and " MB, " in proc.stdout
+
+
+def test_the_otlp_encoder_benchmark_prices_each_kind_of_span(tmp_path):
+    """bench_otlp_encoder, tiny size: every kind of span priced for both encoders (the
+    benchmark itself checks that our bytes are the SDK's), nothing lost or failed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_otlp_encoder.py"), "--quick",
+                           "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert set(result["rows"]) == {"chat", "trajectory", "stage", "whole step"}
+    for row in result["rows"].values():
+        assert row["spans"] > 0 and row["attributes_per_span"] > 0
+        assert all(math.isfinite(row[key]) and row[key] > 0 for key in ("sdk_us", "ours_us", "ours_json_us"))
+    assert result["rows"]["chat"]["attributes_per_span"] >= 12
+    assert result["health"]["failures"] == {} and result["health"]["dropped"] == {}
+    assert "ours us/span" in proc.stdout and "whole step" in proc.stdout

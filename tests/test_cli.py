@@ -782,7 +782,7 @@ def test_overrides_never_print_exporter_headers():
     assert result.exit_code == 0
     assert "s3cr3t" not in result.stdout and "s3cr3t" not in result.stderr
     assert "env_vars.OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318" in result.stdout
-    assert "OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS not printed" in result.stderr
+    assert "OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS left out" in result.stderr
 
 
 def test_overrides_and_run_add_the_sglang_timing_override(tmp_path):

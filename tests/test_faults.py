@@ -525,7 +525,7 @@ def test_a_raising_processor_in_a_plain_sdk_provider_never_reaches_the_caller(ma
 def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.exporters.batch import BatchExportProcessor
 
     class Stuck(SpanExporter):
         def __init__(self):
@@ -541,8 +541,7 @@ def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
             pass
 
     exporter = Stuck()
-    processor = LossCountingProcessor(exporter, "otlp", shutdown_timeout_s=0.3, max_export_batch_size=1,
-                                      schedule_delay_millis=10)
+    processor = BatchExportProcessor(exporter, "otlp", shutdown_timeout_s=0.3, max_batch=1, schedule_delay_s=0.01)
     make_pipeline([processor])
     events.samples_created([f"u{i}" for i in range(5)], step=1, trainer="RayPPOTrainer")
     events.samples_finished([f"u{i}" for i in range(5)], "trained")
@@ -556,10 +555,10 @@ def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
 
 def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
     """The SDK's batch processor exports its whole queue in force_flush, whatever the
-    timeout: here 10 batches of 0.5 s each."""
+    timeout (here 10 batches of 0.5 s each); otel_verl's keeps it."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.exporters.batch import BatchExportProcessor
 
     class Slow(SpanExporter):
         def __init__(self):
@@ -573,8 +572,7 @@ def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
             pass
 
     exporter = Slow()
-    pipeline = make_pipeline([LossCountingProcessor(exporter, "otlp", max_export_batch_size=2,
-                                                    schedule_delay_millis=60_000)])
+    pipeline = make_pipeline([BatchExportProcessor(exporter, "otlp", max_batch=2, schedule_delay_s=60)])
     events.samples_created([f"u{i}" for i in range(20)], step=1, trainer="RayPPOTrainer")
     events.samples_finished([f"u{i}" for i in range(20)], "trained")
     t0 = time.monotonic()
@@ -589,7 +587,7 @@ def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
 def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.exporters.batch import BatchExportProcessor
     from otel_verl.sampling import IsolatingSpanProcessor
 
     release = threading.Event()
@@ -616,8 +614,8 @@ def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(mak
             return True
 
     budget = IsolatingSpanProcessor(timeout_s=0.5)
-    for processor in (LossCountingProcessor(Stuck(), "otlp", schedule_delay_millis=10), Hung(),
-                      LossCountingProcessor(Stuck(), "otlp_json_file", schedule_delay_millis=10)):
+    for processor in (BatchExportProcessor(Stuck(), "otlp", schedule_delay_s=0.01), Hung(),
+                      BatchExportProcessor(Stuck(), "otlp_json_file", schedule_delay_s=0.01)):
         budget.add_span_processor(processor)
     make_pipeline([budget])
     events.samples_created([f"u{i}" for i in range(5)], step=1, trainer="RayPPOTrainer")
@@ -632,10 +630,10 @@ def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(mak
     assert health.snapshot()["failures"] == {"span_processor.Hung.shutdown": 1}
 
 
-def test_spans_dropped_from_a_full_queue_are_counted_at_the_next_flush(make_pipeline):
+def test_spans_dropped_from_a_full_queue_are_counted_when_dropped(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.loss_counting import LossCountingProcessor
+    from otel_verl.exporters.batch import BatchExportProcessor
 
     class Slow(SpanExporter):
         def __init__(self):
@@ -651,11 +649,12 @@ def test_spans_dropped_from_a_full_queue_are_counted_at_the_next_flush(make_pipe
             pass
 
     exporter = Slow()
-    processor = LossCountingProcessor(exporter, "otlp", max_queue_size=4, max_export_batch_size=4,
-                                      schedule_delay_millis=60_000)
+    processor = BatchExportProcessor(exporter, "otlp", max_queue_spans=4, max_batch=4, schedule_delay_s=60)
     make_pipeline([processor])
     events.samples_created([f"u{i}" for i in range(20)], step=1, trainer="RayPPOTrainer")
     events.samples_finished([f"u{i}" for i in range(20)], "trained")
+    # at most a batch in the exporter and a queue's worth waiting: the rest counted already
+    assert health.snapshot()["dropped"].get("otlp", 0) >= 20 - 2 * 4
     exporter.release.set()
     assert processor.force_flush()
     assert exporter.count + health.snapshot()["dropped"].get("otlp", 0) == 20

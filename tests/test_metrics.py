@@ -255,7 +255,7 @@ def test_no_endpoint_writes_the_metric_files_beside_the_spans(tmp_path, monkeypa
 
 @pytest.mark.parametrize("env, outputs", [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ["otlp"]),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_VERL_OTLP_FILE": "1"}, ["otlp", "files"]),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_VERL_OTLP_FILE": "1"}, ["files", "otlp"]),
     ({"OTEL_METRICS_EXPORTER": "console"}, ["console"]),
     ({"OTEL_METRICS_EXPORTER": "otlp,console"}, ["files", "console"]),
     ({"OTEL_VERL_OTLP_FILE": "0"}, []),
@@ -320,4 +320,3 @@ def test_output_processors_include_the_metrics_processor(tmp_path, monkeypatch):
     finally:
         for processor in processors:
             processor.shutdown()
-        bootstrap._legacy.clear()

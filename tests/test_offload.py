@@ -54,7 +54,6 @@ class Pipelines:
         self.closed = True
         self.provider.shutdown()
         tracing.stop()
-        bootstrap._legacy.clear()
 
 
 @pytest.fixture
@@ -94,6 +93,10 @@ def _otlp_spans(blob: bytes) -> list:
     return sorted(spans)
 
 
+def _counters(blob: bytes) -> dict:
+    return {key: value for key, value in json.loads(blob).items() if key in ("dropped", "failures", "notes")}
+
+
 def _metric_names(blob: bytes) -> set:
     return {metric["name"] for line in blob.splitlines() for rm in json.loads(line)["resourceMetrics"]
             for sm in rm["scopeMetrics"] for metric in sm["metrics"]}
@@ -113,7 +116,7 @@ def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_pa
                             observation="tool says 42", prompt_ids=list(range(30, 60)), completion_ids=[70, 71, 72])
     p.provider.force_flush()
     here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
-    assert sorted(here) == sorted(there)
+    assert sorted(here) == sorted(there), (set(here) ^ set(there))
     assert any(name.startswith("trajectory/") for name in here) and any(name.startswith("sample/") for name in here)
     assert any(name.startswith("otlp-metrics/") for name in here)
     for name, blob in here.items():
@@ -121,6 +124,8 @@ def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_pa
             assert _metric_names(blob) == _metric_names(there[name]), name
         elif name.startswith("otlp/"):
             assert _otlp_spans(blob) == _otlp_spans(there[name]), name
+        elif name.startswith("losses/"):  # written at other moments: the same counters
+            assert _counters(blob) == _counters(there[name]) == {"dropped": {}, "failures": {}, "notes": {}}, name
         else:
             assert blob == there[name], name
     jsonl = [json.loads(line) for name, blob in there.items() if name.startswith("trajectory/") for line in blob.splitlines()]
@@ -199,12 +204,12 @@ def test_the_export_process_metrics_report_this_process_losses_once(pipelines, t
 def _outputs(root) -> dict:
     """Output -> what it holds, in any order: OTLP spans, JSONL, CSV or progress lines (an
     export process started in another's place, or this process, may start files of its own);
-    the metric files left out."""
+    the metric and loss files left out."""
     out: dict = {}
     for path in glob.glob(os.path.join(str(root), "**", "*"), recursive=True):
         if os.path.isfile(path):
             kind = os.path.relpath(path, str(root)).split(os.sep)[0]
-            if kind == "otlp-metrics":  # aggregates of the spans, not one line per span
+            if kind in ("otlp-metrics", "losses"):  # aggregates, not one line per span
                 continue
             with open(path, "rb") as f:
                 blob = f.read()
@@ -271,6 +276,9 @@ def test_a_killed_export_process_is_replaced_and_every_span_is_accounted_for(pip
                             if json.loads(span)["name"] == "invoke_agent tool_agent")
     assert sum(there["trajectory"].values()) + lost_trajectories == sum(here["trajectory"].values())
     assert health.snapshot()["failures"] == {}
+    [loss_file] = glob.glob(str(tmp_path / "there" / "losses" / "*.json"))
+    with open(loss_file) as f:
+        assert json.load(f)["dropped"] == {"offload": lost}  # the export process in its place says it too
 
 
 def test_an_export_process_that_keeps_dying_gives_way_to_outputs_written_here(pipelines, tmp_path, caplog):
@@ -354,12 +362,12 @@ def test_a_lost_span_is_counted_once_at_its_end(pipelines, monkeypatch):
     assert health.snapshot() == {"failures": {"offload.version": 1}, "dropped": {"offload": spans}}
 
 
-def test_spans_beyond_max_pending_are_counted(pipelines):
+def test_spans_beyond_the_queue_bound_are_counted(pipelines):
     p = pipelines()
     assert p.provider.force_flush()
-    p.offload.max_pending = 0  # the export process never keeps up
+    p.offload.max_pending_bytes = 0  # the export process never keeps up
     fault_workload.emit(1, UIDS[:1], 2)
-    p.offload.max_pending = 1 << 16
+    p.offload.max_pending_bytes = 1 << 25
     dropped = health.snapshot()["dropped"]
     # every span of the step: the sample roots, its stages, each trajectory's spans
     assert dropped.get("offload", 0) >= 2 * 4, dropped
@@ -380,12 +388,12 @@ def test_the_sender_takes_what_was_queued_when_it_woke():
     sender = OffloadSpanProcessor(config, max_batch=2, batch_interval_s=3600)  # wakes only when told
     frames = []
 
-    def send_batch(batch, flush):
+    def send_batch(batch, flush, queued):
         frames.append([snapshot.name for snapshot in batch])
-        sender._pending.append((forwarder.ENDED, ended(100 + len(frames)), None, None))  # meanwhile, on the event loop
+        sender._pending.append((forwarder.ENDED, ended(100 + len(frames)), None, None, 0))  # meanwhile, on the event loop
 
     sender._send_batch = send_batch
-    sender._pending.extend((forwarder.ENDED, ended(i), None, None) for i in range(5))
+    sender._pending.extend((forwarder.ENDED, ended(i), None, None, 0) for i in range(5))
     sender._send_pending()
     assert frames == [["s0", "s1"], ["s2", "s3"], ["s4"]]
     assert [entry[1].name for entry in sender._pending] == ["s101", "s102", "s103"]

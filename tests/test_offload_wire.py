@@ -274,6 +274,7 @@ def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_
 
 def test_every_message_crosses_a_frame_as_itself():
     messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Codec(1, pickle.dumps((len, len))),
-                wire.ForgetCodec(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, {"failures": {}, "dropped": {}}),
-                wire.Spans([])]
+                wire.ForgetCodec(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, False, {"failures": {}, "dropped": {}}),
+                wire.Spans([], 3), wire.Close(3, {"failures": {}, "dropped": {"x": 1}}),
+                wire.Flush(4, {"failures": {}, "dropped": {}}, 1500)]
     assert [wire.read_frame(io.BytesIO(wire.frame(m))) for m in messages] == messages

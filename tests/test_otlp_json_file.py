@@ -30,7 +30,7 @@ from otel_verl.exporters.otlp_json_file import (
     spans_from_files,
     to_protobuf_json,
 )
-from otel_verl.exporters.loss_counting import LossCountingProcessor
+from otel_verl.exporters.batch import BatchExportProcessor
 
 ATTRS = {
     "s": "text é 世界",
@@ -272,7 +272,7 @@ def test_an_unwritable_directory_fails_the_export_without_raising(tmp_path):
 def test_failed_batches_are_counted_as_dropped_by_the_bootstrap_wrapper(tmp_path, make_pipeline):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    processor = LossCountingProcessor(OtlpJsonFileExporter(str(blocker)), "otlp_json_file")
+    processor = BatchExportProcessor(OtlpJsonFileExporter(str(blocker)), "otlp_json_file")
     make_pipeline([processor])
     _sample_trajectory()
     processor.force_flush()

@@ -415,11 +415,29 @@ def test_flow_trace_stdout_is_opt_in(csv_proc, clock, capsys):
     ]
 
 
-def test_refused_rows_are_counted_not_silent(csv_proc, clock):
-    proc, _ = csv_proc(max_pending_rows=8)
-    events.sample_stage_done(Stage.ADVANTAGE, ["u1"] * 16, [str(i) for i in range(16)], step=1, start_ns=T0_NS,
-                             trainer="RayPPOTrainer")
-    assert read_rows(proc) == []
+def test_refused_rows_are_counted_not_silent(csv_proc, clock, monkeypatch):
+    import threading
+
+    from otel_verl.exporters import _writer
+
+    writing, release, real_append = threading.Event(), threading.Event(), _writer.append_whole
+
+    def slow_append(fd, data):
+        writing.set()
+        release.wait(10)
+        real_append(fd, data)
+
+    monkeypatch.setattr(_writer, "append_whole", slow_append)
+    from otel_verl.exporters.sample_csv import ROW_BYTES
+
+    proc, _ = csv_proc(max_pending_bytes=8 * ROW_BYTES)
+    for step in (1, 2):  # the first stage's rows are still being written when the second's come
+        events.sample_stage_done(Stage.ADVANTAGE, ["u1"] * 16, [str(i) for i in range(16)], step=step,
+                                 start_ns=T0_NS, trainer="RayPPOTrainer")
+        writing.wait(5)
+    release.set()
+    proc.force_flush()
+    assert len(read_rows(proc)) == 16  # a job over the whole bound is taken when it waits alone
     assert proc.writer.dropped_lines == 16
     assert health.snapshot()["dropped"] == {"sample_csv": 16}
 

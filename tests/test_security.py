@@ -223,10 +223,11 @@ def test_no_environment_or_secrets_in_spans_resources_or_carriers(tmp_path):
                             ("pickled carrier", carrier_bytes)):
             assert secret.encode() not in data, f"{name} found in {where}"
     # carriers name their run and take no settings along; Ray's runtime env (not
-    # persisted with data) forwards them, exporter headers included
+    # persisted with data, but logged by Ray) forwards them, never a secret
     assert result["run_id"] and result["run_id"].encode() in carrier_bytes
     assert str(trace).encode() not in carrier_bytes and f"127.0.0.1:{port}".encode() not in carrier_bytes
-    assert "OTEL_EXPORTER_OTLP_HEADERS" in result["forwarded"]
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in result["forwarded"]
+    assert not set(SECRETS) & set(result["forwarded"])
 
 
 def test_a_carrier_takes_no_setting_along(monkeypatch):
@@ -247,7 +248,9 @@ def test_a_carrier_takes_no_setting_along(monkeypatch):
     data = pickle.dumps(carrier)
     assert carrier.run_id == "run-1"
     assert [name for name, value in env.items() if value.encode() in data] == ["OTEL_VERL_RUN_ID"]
-    assert "OTEL_EXPORTER_OTLP_HEADERS" in settings.forwarded_env(env)  # the Ray runtime env keeps them
+    # the Ray runtime env keeps the settings, never a credential
+    assert sorted(settings.forwarded_env(env)) == ["DLC_JOB_ID", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_VERL_RUN_ID",
+                                                   "VERL_TRACE_DIR"]
 
 
 # --------------------------------------------------------------------------- file modes

@@ -634,9 +634,9 @@ def test_formatting_happens_on_the_writer_thread(clock, traj_dir, monkeypatch):
     dumps_threads: List[str] = []
     real_trajectory_line = tj.trajectory_line
 
-    def recording_trajectory_line(data):
+    def recording_trajectory_line(data, *args):
         dumps_threads.append(threading.current_thread().name)
-        return real_trajectory_line(data)
+        return real_trajectory_line(data, *args)
 
     monkeypatch.setattr(tj, "trajectory_line", recording_trajectory_line)
     tok = CharTokenizer()

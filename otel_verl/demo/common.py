@@ -28,6 +28,13 @@ def verl_config_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(verl.trainer.__file__)), "config")
 
 
+def _quoted(path: str) -> str:
+    """A path as one Hydra override value: a path with spaces or quotes is quoted."""
+    from otel_verl.activation import hydra_quote
+
+    return hydra_quote(path)
+
+
 def harness_overrides(
     *,
     model_dir: str,
@@ -57,15 +64,15 @@ def harness_overrides(
     micro = max(1, min(4, prompts * n))
     overrides = [
         f"algorithm.adv_estimator={adv_estimator}",
-        f"data.train_files={train_files}",
-        f"data.val_files={val_files}",
+        f"data.train_files={_quoted(train_files)}",
+        f"data.val_files={_quoted(val_files)}",
         f"data.train_batch_size={prompts}",
         f"data.max_prompt_length={PROMPT_LENGTH}",
         f"data.max_response_length={RESPONSE_LENGTH}",
         "data.dataloader_num_workers=0",
         "data.filter_overlong_prompts=False",
         "data.seed=0",
-        f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.model.path={_quoted(model_dir)}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={ppo_mini_batch_prompts or prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.use_kl_loss=True",
@@ -99,24 +106,24 @@ def harness_overrides(
         "trainer.save_freq=-1",
         "trainer.resume_mode=disable",
         "trainer.balance_batch=True",
-        f"trainer.default_local_dir={os.path.join(output_dir, 'checkpoints')}",
-        f"trainer.rollout_data_dir={os.path.join(output_dir, 'rollout')}",
-        f"trainer.validation_data_dir={os.path.join(output_dir, 'validation')}",
+        f"trainer.default_local_dir={_quoted(os.path.join(output_dir, 'checkpoints'))}",
+        f"trainer.rollout_data_dir={_quoted(os.path.join(output_dir, 'rollout'))}",
+        f"trainer.validation_data_dir={_quoted(os.path.join(output_dir, 'validation'))}",
     ]
     if adv_estimator == "gae":  # the critic (a stand-in too) reads the same stand-in model
         overrides += [
-            f"critic.model.path={model_dir}",
-            f"critic.model.tokenizer_path={model_dir}",
+            f"critic.model.path={_quoted(model_dir)}",
+            f"critic.model.tokenizer_path={_quoted(model_dir)}",
             f"critic.ppo_micro_batch_size_per_gpu={micro}",
         ]
     if agent_loop_config_path:  # custom agent loops (verl loads them in AgentLoopWorker.__init__)
-        overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config_path}")
+        overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={_quoted(agent_loop_config_path)}")
     if agent == "tool":
         overrides += [
             "actor_rollout_ref.rollout.multi_turn.enable=True",
             "actor_rollout_ref.rollout.multi_turn.format=hermes",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config_path}",
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={_quoted(tool_config_path)}",
         ]
     return overrides
 

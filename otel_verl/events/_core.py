@@ -93,7 +93,8 @@ def _sample_root_context(uid: str) -> otel_context.Context:
 
 def _end(span: Any, outcome: Optional[str] = None, error: Optional[BaseException] = None) -> None:
     if error is not None:
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:256]))
+        # repaired here too: a provider of someone else's makes the SDK's spans
+        span.set_status(Status(StatusCode.ERROR, well_formed(f"{type(error).__name__}: {error}"[:256])))
         span.set_attribute(sc.ERROR_TYPE, _text(type(error).__qualname__))
     if outcome is not None:
         span.set_attribute(sc.SAMPLE_OUTCOME, outcome)

@@ -49,17 +49,33 @@ class ServerCall(SpanScope):
 
 def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, provider: str) -> ContextManager[ServerCall]:
     """The server side of one generate call, parented to the worker's turn span."""
-    parent = carriers.context_from(headers) if headers else None
-    if parent is None:
-        return ServerCall(None, headers, provider)
-    span = _start(
-        sc.SPAN_LLM_SERVER,
-        Subject.LLM_SERVER,
-        parent,
-        {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
-        kind=SpanKind.SERVER,
-    )
-    return ServerCall(span, headers, provider)
+    try:
+        headers = _text_headers(headers)
+        parent = carriers.context_from(headers) if headers else None
+        if parent is None:
+            return ServerCall(None, headers, provider)
+        span = _start(
+            sc.SPAN_LLM_SERVER,
+            Subject.LLM_SERVER,
+            parent,
+            {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
+            kind=SpanKind.SERVER,
+        )
+        return ServerCall(span, headers, provider)
+    except Exception as exc:  # never into the server's request: it runs untraced
+        health.record_failure("events.llm_server_call", exc)
+        return ServerCall(None, None, provider)
+
+
+def _text_headers(headers: Any) -> Dict[str, str]:
+    """The text headers of what the caller passed (a dict, or a bare traceparent): only
+    text carries a context, and the engine is handed these again (sglang's
+    ``external_trace_header``)."""
+    if isinstance(headers, str):
+        return {"traceparent": headers}
+    if not isinstance(headers, Mapping):
+        return {}
+    return {key: value for key, value in headers.items() if type(key) is str and isinstance(value, str)}
 
 
 def current_server_call() -> Optional[ServerCall]:

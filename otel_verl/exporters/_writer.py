@@ -6,13 +6,16 @@ callable and the number of lines it stands for; the writer thread calls it, whic
 the file and the text, and appends the text to the file.
 
 Guarantees:
-- ``submit`` never blocks and never raises. When more than ``max_pending_lines`` are
-  waiting, a new job is refused and its lines are counted as dropped.
+- ``submit`` never blocks and never raises. When the jobs waiting would hold more than
+  ``max_pending_bytes`` (the caller's estimate of a job's text), a new job is refused and
+  its lines are counted as dropped.
 - Files only ever hold whole lines. A file's text is appended with ``O_APPEND`` (several
   processes may share a file: the kernel puts each write at the current end); a write
   that fails part-way (disk full, file-size limit) is cut back to the last whole line
   when no other process appended meanwhile, and its lines are counted as dropped.
-- ``flush()`` waits until everything accepted so far is written or counted.
+- ``flush()`` waits until everything accepted so far is written or counted;
+  ``checkpoint()`` gives that wait without starting it (the export process answers its
+  traced process's flushes with it while it goes on reading spans).
 - Files follow their paths, as ``logging.handlers.WatchedFileHandler`` does: a file that
   was deleted (a cleanup job) is created again, directory included, before the next
   write; one that was renamed or replaced (logrotate, a log shipper) within about
@@ -21,7 +24,8 @@ Guarantees:
 When events trickle in one by one (a rollout worker awaiting its LLM calls), waking the
 thread for each line costs a thread switch per line, more than the line itself. So a
 woken thread lingers up to ``linger_s`` for more lines and writes them together;
-``flush()``, ``close()`` and a queue past half its bound end the wait at once.
+``flush()``, ``checkpoint()``, ``close()`` and a queue past half its bound end the wait
+at once.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-from otel_verl import health
+from otel_verl import health, settings
 
 Render = Callable[[], Tuple[str, str]]  # -> (path, text made of whole lines)
 
@@ -43,6 +47,7 @@ LINGER_S = 0.05
 MAX_OPEN_FILES = 16  # hourly and rotated files: only recent ones stay open
 REOPEN_CHECK_S = 1.0  # how often a path is looked up to see whether its file was moved
 FILE_MODE = 0o644  # ordinary permissions: never world-writable
+DEFAULT_MAX_PENDING_BYTES = settings.DEFAULT_MAX_QUEUE_MB << 20
 DIR_MODE = 0o755
 
 _live_writers: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
@@ -61,6 +66,11 @@ def output_pid() -> int:
     return _output_pid or os.getpid()
 
 
+def written_at_once(timeout_s: Optional[float] = None) -> bool:
+    """The checkpoint wait of an output that writes before it returns."""
+    return True
+
+
 def close_timeout_s(timeout_millis: Optional[int]) -> float:
     """A span processor's shutdown timeout as :meth:`BackgroundWriter.close` takes it."""
     return 30.0 if timeout_millis is None else max(0.0, timeout_millis / 1000.0)
@@ -69,10 +79,10 @@ def close_timeout_s(timeout_millis: Optional[int]) -> float:
 class BackgroundWriter:
     """Appends the text of queued jobs to files, on a thread of its own."""
 
-    def __init__(self, output: str, max_pending_lines: int = 1 << 20, linger_s: float = LINGER_S,
+    def __init__(self, output: str, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES, linger_s: float = LINGER_S,
                  reopen_check_s: float = REOPEN_CHECK_S) -> None:
         self.output = output  # the name drops and failures are counted under
-        self.max_pending_lines = max_pending_lines
+        self.max_pending_bytes = max_pending_bytes
         self.linger_s = linger_s
         self.reopen_check_s = reopen_check_s
         self.written_lines = 0
@@ -84,29 +94,32 @@ class BackgroundWriter:
 
     def _start_empty(self) -> None:
         self._cond = threading.Condition()
-        self._jobs: Deque[Tuple[Render, int]] = deque()
-        self._pending_lines = 0
-        self._flushing = 0  # callers waiting in flush(): the thread must not linger
-        self._idle = threading.Event()
-        self._idle.set()
+        self._jobs: Deque[Tuple[Render, int, int]] = deque()  # (render, lines, bytes)
+        self._pending_bytes = 0
+        self._accepted = 0  # jobs accepted so far
+        self._finished = 0  # of them written or counted
+        self._wanted = 0  # jobs a flush or checkpoint waits for: the thread must not linger
+        self._writing = 0  # lines the thread is writing now
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ caller side
 
-    def submit(self, render: Render, n_lines: int) -> bool:
-        """Queue ``render`` (called on the writer thread). ``False`` when refused."""
+    def submit(self, render: Render, n_lines: int, n_bytes: int) -> bool:
+        """Queue ``render`` (called on the writer thread), whose text is about ``n_bytes``.
+        ``False`` when refused. A job larger than the whole bound is taken when nothing
+        else waits or is being written: it could never be written otherwise."""
         with self._cond:
-            refused = self._closed or self._pending_lines + n_lines > self.max_pending_lines
+            refused = self._closed or (self._pending_bytes > 0 and self._pending_bytes + n_bytes > self.max_pending_bytes)
             if not refused:
-                self._jobs.append((render, n_lines))
-                self._pending_lines += n_lines
+                self._jobs.append((render, n_lines, n_bytes))
+                self._pending_bytes += n_bytes
+                self._accepted += 1
                 if len(self._jobs) == 1:
                     # The thread is idle, or writing the jobs it took and will look again.
                     # Once woken it lingers for the jobs that follow: only the first wakes it.
-                    self._idle.clear()
                     self._start_thread()
                     self._cond.notify()
-                elif self._pending_lines * 2 > self.max_pending_lines:
+                elif self._pending_bytes * 2 > self.max_pending_bytes:
                     self._cond.notify()
         if refused:
             self._count_dropped(n_lines, "writer closed" if self._closed else "writer queue full (disk too slow?)")
@@ -114,32 +127,47 @@ class BackgroundWriter:
 
     def write(self, path: str, text: str, n_lines: int) -> bool:
         """Queue ``text`` (whole lines) for ``path``."""
-        return self.submit(lambda: (path, text), n_lines)
+        return self.submit(lambda: (path, text), n_lines, len(text))
+
+    def checkpoint(self) -> Callable[[Optional[float]], bool]:
+        """Every job accepted so far, written or counted: returns a wait for that
+        (``wait(timeout_s)`` -> whether it happened in time), asking for it now."""
+        with self._cond:
+            mark = self._accepted
+            if self._finished < mark:
+                self._wanted = max(self._wanted, mark)
+                if self._thread is None or not self._thread.is_alive():
+                    self._start_thread()
+                self._cond.notify_all()
+
+        def wait(timeout_s: Optional[float] = None) -> bool:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            with self._cond:
+                while self._finished < mark:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+            return True
+
+        return wait
 
     def flush(self, timeout: Optional[float] = 30.0) -> bool:
         """Wait until every accepted job is written or counted."""
-        if self._thread is None or not self._thread.is_alive():
-            self._drain()  # no thread (never started, or a forked child): write here
-            return True
-        with self._cond:
-            self._flushing += 1
-            self._cond.notify()
-        try:
-            return self._idle.wait(timeout)
-        finally:
-            with self._cond:
-                self._flushing -= 1
+        return self.checkpoint()(timeout)
 
     def close(self, timeout: Optional[float] = 30.0) -> None:
-        """Write what is queued within ``timeout``; what the thread has not taken by then
-        is counted, not left to die with the process."""
+        """Write what is queued within ``timeout``; what is not written by then (queued,
+        or in a write that does not return: a disk that does not drain) is counted, not
+        left to die with the process."""
         self.flush(timeout)
         with self._cond:
             self._closed = True
-            late = sum(n_lines for _, n_lines in self._jobs)
+            late = self._writing + sum(n_lines for _, n_lines, _ in self._jobs)
+            self._finished += len(self._jobs)
             self._jobs.clear()
-            self._pending_lines -= late
-            self._cond.notify()
+            self._pending_bytes = 0
+            self._cond.notify_all()
         self._count_dropped(late, "not written by the shutdown deadline")
         self._close_fds()
 
@@ -161,10 +189,8 @@ class BackgroundWriter:
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:
-                    self._idle.set()
                     self._cond.wait()
                 if self._closed and not self._jobs:
-                    self._idle.set()
                     return
                 self._linger()
             self._drain()
@@ -172,7 +198,7 @@ class BackgroundWriter:
     def _linger(self) -> None:
         # with self._cond held: wait for more lines unless someone needs them now
         deadline = time.monotonic() + self.linger_s
-        while not (self._closed or self._flushing or self._pending_lines * 2 > self.max_pending_lines):
+        while not (self._closed or self._wanted > self._finished or self._pending_bytes * 2 > self.max_pending_bytes):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -182,9 +208,10 @@ class BackgroundWriter:
         with self._cond:
             jobs = list(self._jobs)
             self._jobs.clear()
+            self._writing = sum(n_lines for _, n_lines, _ in jobs)
         texts: Dict[str, List[str]] = {}
         lines: Dict[str, int] = {}
-        for render, n_lines in jobs:
+        for render, n_lines, _ in jobs:
             try:
                 path, text = render()
             except Exception as exc:
@@ -196,9 +223,10 @@ class BackgroundWriter:
         for path, parts in texts.items():
             self._append(path, "".join(parts), lines[path])
         with self._cond:
-            self._pending_lines -= sum(n_lines for _, n_lines in jobs)
-            if not self._jobs:
-                self._idle.set()
+            self._writing = 0
+            self._pending_bytes -= sum(n_bytes for _, _, n_bytes in jobs)
+            self._finished += len(jobs)
+            self._cond.notify_all()
 
     def _append(self, path: str, text: str, n_lines: int) -> None:
         # Whatever the lines hold, they are written or counted, and the thread goes on.
@@ -213,13 +241,7 @@ class BackgroundWriter:
             self._count_dropped(n_lines, f"{path}: {type(exc).__name__}")
 
     def _utf8(self, text: str) -> bytes:
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:
-            # A lone surrogate (json.loads makes one of "\ud800", and a model picks tool
-            # names): written as U+FFFD, as a decoder would show the bytes it cannot read.
-            health.record_failures(f"{self.output}.lone_surrogate", 1, "(written as U+FFFD)")
-            return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+        return utf8(text, self.output)
 
     def _fd(self, path: str) -> int:
         file = self._files.get(path)
@@ -267,6 +289,17 @@ class BackgroundWriter:
     def _count_dropped(self, n_lines: int, reason: str) -> None:
         self.dropped_lines += n_lines
         health.record_dropped(self.output, n_lines, reason)
+
+
+def utf8(text: str, output: str) -> bytes:
+    """``text`` as UTF-8. A lone surrogate (``json.loads`` makes one of ``"\\ud800"``, and
+    a model picks tool names) is written as U+FFFD, as a decoder would show the bytes it
+    cannot read, and counted as ``failures[{output}.lone_surrogate]``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        health.record_failures(f"{output}.lone_surrogate", 1, "(written as U+FFFD)")
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
 
 
 # Characters that end a line for some reader (log shippers read one record per line)

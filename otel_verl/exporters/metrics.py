@@ -69,6 +69,7 @@ class SpanMetricsProcessor(SpanProcessor):
     or connections are not built for a process that ends no span)."""
 
     on_start_subjects: frozenset = frozenset()  # reads ends only
+    shutdown_order = 1  # after the span outputs: the last collection has their losses
     on_end_subjects = frozenset({
         Subject.STEP, Subject.STEP_STAGE, Subject.SAMPLE, Subject.TRAJECTORY, Subject.LLM_CALL,
         Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,

@@ -10,10 +10,11 @@ OTLP/HTTP endpoint as ``application/json``, parsed by protobuf's ``json_format``
 :func:`to_protobuf_json` (plain proto3 JSON wants base64 ids), or read back here with
 :func:`read_otlp_json_lines` / :func:`spans_from_files`.
 
-:func:`resource_spans_dict` builds from the spans' public properties the objects that
-the SDK's OTLP encoder followed by protobuf's ``MessageToDict`` gives
-(:func:`resource_spans_via_sdk`, which the tests compare it with), at a sixth of the CPU:
-the exporter runs on a thread that shares the GIL with the traced process.
+The line is written by :class:`otel_verl.exporters.otlp_encoding.JsonEncoder`, the encoder
+of OTLP/HTTP JSON too: the objects that the SDK's OTLP encoder followed by protobuf's
+``MessageToDict`` gives (:func:`resource_spans_via_sdk`, which the tests compare it with),
+at a fraction of the CPU: the exporter runs on a thread that shares the GIL with the
+traced process. :func:`resource_spans_dict` is the same as objects.
 """
 
 from __future__ import annotations
@@ -21,31 +22,37 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 import os
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind
 
 from otel_verl import health
-from otel_verl.exporters._writer import FILE_MODE, append_whole, make_dirs, output_pid
+from otel_verl.exporters._writer import FILE_MODE, REOPEN_CHECK_S, append_whole, make_dirs, output_pid
+from otel_verl.exporters.otlp_encoding import JsonEncoder, records_of
 
 logger = logging.getLogger("otel_verl")
 
 _OUTPUT = "otlp_json_file"
-_JSON_SEPARATORS = (",", ":")  # compact, as the Collector writes
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """Appends one whole ``{"resourceSpans":[...]}`` line per export batch."""
+    """Appends one whole ``{"resourceSpans":[...]}`` line per export batch.
+
+    Its file follows its path as the legacy files' do (``_writer.BackgroundWriter``): a
+    file deleted meanwhile (a cleanup job removing the trace dir) is created again,
+    directory included, before the next line; one renamed or replaced (logrotate) within
+    about ``reopen_check_s``, the lines of that interval going to the renamed file."""
 
     def __init__(self, directory: str, *, max_file_bytes: int = 100 * 1024 * 1024, prefix: str = "spans",
-                 output: str = _OUTPUT) -> None:
+                 output: str = _OUTPUT, reopen_check_s: float = REOPEN_CHECK_S) -> None:
+        self.encoder = JsonEncoder(_OUTPUT)
+        self._encoding = threading.Lock()  # the encoder's caches and counts are for one batch at a time
         self.directory = directory
         self.prefix = prefix  # file names: {prefix}-{hostname}-pid{pid}[-{index}].jsonl
         self.output = output  # the name its failures are counted under
@@ -57,17 +64,21 @@ class OtlpJsonFileExporter(SpanExporter):
         self._index = 0
         self._size = 0
         self.path: Optional[str] = None
+        self.reopen_check_s = reopen_check_s
+        self._checked_at = 0.0  # time.monotonic() of the last look at the path
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        """Write the batch (span records, or SDK ``ReadableSpan``s) as one line."""
         if not spans:
             return SpanExportResult.SUCCESS
         try:
-            line = json.dumps(resource_spans_dict(spans), ensure_ascii=False, separators=_JSON_SEPARATORS) + "\n"
-            data = line.encode("utf-8")
+            records = records_of(spans)
+            with self._encoding:
+                data = self.encoder.encode(records) + b"\n"
         except Exception as exc:
             health.record_failure(f"{_OUTPUT}.encode", exc)
             return SpanExportResult.FAILURE
-        # the caller (LossCountingProcessor) counts the spans of a batch not written as dropped
+        # the caller (BatchExportProcessor) counts the spans of a batch not written as dropped
         return SpanExportResult.SUCCESS if self.append_line(data) else SpanExportResult.FAILURE
 
     def append_line(self, data: bytes) -> bool:
@@ -91,14 +102,36 @@ class OtlpJsonFileExporter(SpanExporter):
     # ------------------------------------------------------------------ files
 
     def _append(self, data: bytes) -> None:
+        if self._fd >= 0 and self._pid == output_pid() and not self._still_at_path():
+            self._close()  # opened again at its path below, with the same name
         if self._fd < 0 or self._pid != output_pid() or self._size >= self.max_file_bytes:
             self._open_next()
         append_whole(self._fd, data)  # a torn last line would break every reader
         self._size += len(data)
 
+    def _still_at_path(self) -> bool:
+        """Whether the open file is still the one at its path. A deleted one (what is
+        written to it is lost) is seen at once by its link count; the path itself is
+        looked up only every ``reopen_check_s`` (a renamed or replaced file)."""
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:
+            return False
+        now = time.monotonic()
+        if now - self._checked_at < self.reopen_check_s:
+            return True
+        self._checked_at = now
+        try:
+            at_path = os.stat(self.path)  # type: ignore[arg-type]
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            return True  # cannot tell (no permission to look): keep writing where we are
+        return (at_path.st_dev, at_path.st_ino) == (st.st_dev, st.st_ino)
+
     def _open_next(self) -> None:
         """Open the file to append to: the first one, the next one when the current is
-        full, the same one again after a write error, a new series in a forked child."""
+        full, the same one again after a write error or once it left its path, a new
+        series in a forked child."""
         pid = output_pid()
         if pid != self._pid:
             self._index = 0
@@ -118,6 +151,7 @@ class OtlpJsonFileExporter(SpanExporter):
             os.close(fd)
             self._index += 1
         self._fd, self._size, self.path = fd, size, path
+        self._checked_at = time.monotonic()
 
     def _close(self) -> None:
         if self._fd >= 0:
@@ -130,184 +164,11 @@ class OtlpJsonFileExporter(SpanExporter):
 
 # --------------------------------------------------------------------------- encoding
 
-_KIND = {  # SDK SpanKind -> OTLP Span.SpanKind number
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
-_FLAG_HAS_IS_REMOTE = 0x100  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
-_FLAG_IS_REMOTE = 0x200  # SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def resource_spans_dict(spans: Sequence[ReadableSpan]) -> Dict[str, Any]:
-    """``{"resourceSpans": [...]}`` for a batch, grouped by resource then scope in order of
-    first appearance, exactly as ``MessageToDict(encode_spans(spans))`` with hex ids.
-
-    Keys are emitted in protobuf field-number order, like ``MessageToDict``."""
-    groups: Dict[Any, Dict[Any, List[Dict[str, Any]]]] = {}  # resource -> scope -> span dicts
-    for span in spans:
-        scopes = groups.setdefault(span.resource, {})
-        scopes.setdefault(span.instrumentation_scope or None, []).append(_span_dict(span))
-    out = []
-    for resource, scopes in groups.items():
-        attributes = _attributes(resource.attributes)
-        resource_spans: Dict[str, Any] = {
-            "resource": {"attributes": attributes} if attributes else {},
-            "scopeSpans": [_scope_spans_dict(scope, span_dicts) for scope, span_dicts in scopes.items()],
-        }
-        if resource.schema_url:
-            resource_spans["schemaUrl"] = resource.schema_url
-        out.append(resource_spans)
-    return {"resourceSpans": out}
-
-
-def _scope_spans_dict(scope: Any, span_dicts: List[Dict[str, Any]]) -> Dict[str, Any]:
-    scope_dict: Dict[str, Any] = {}
-    if scope is not None:
-        if scope.name:
-            scope_dict["name"] = scope.name
-        if scope.version:
-            scope_dict["version"] = scope.version
-        attributes = _attributes(scope.attributes)
-        if attributes:
-            scope_dict["attributes"] = attributes
-    out: Dict[str, Any] = {"scope": scope_dict, "spans": span_dicts}
-    if scope is not None and scope.schema_url:
-        out["schemaUrl"] = scope.schema_url
-    return out
-
-
-def _span_dict(span: ReadableSpan) -> Dict[str, Any]:
-    ctx = span.get_span_context()
-    out: Dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
-    if ctx.trace_state:
-        out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
-    parent = span.parent
-    if parent:
-        out["parentSpanId"] = f"{parent.span_id:016x}"
-    if span.name:
-        out["name"] = span.name
-    out["kind"] = _KIND[span.kind]
-    if span.start_time:
-        out["startTimeUnixNano"] = str(span.start_time)
-    if span.end_time:
-        out["endTimeUnixNano"] = str(span.end_time)
-    attributes = _attributes(span.attributes)
-    if attributes:
-        out["attributes"] = attributes
-    if span.dropped_attributes:
-        out["droppedAttributesCount"] = span.dropped_attributes
-    if span.events:
-        out["events"] = [_event_dict(event) for event in span.events]
-    if span.dropped_events:
-        out["droppedEventsCount"] = span.dropped_events
-    if span.links:
-        out["links"] = [_link_dict(link) for link in span.links]
-    if span.dropped_links:
-        out["droppedLinksCount"] = span.dropped_links
-    out["status"] = _status_dict(span.status)
-    out["flags"] = _flags(parent)
-    return out
-
-
-def _event_dict(event: Any) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    if event.timestamp:
-        out["timeUnixNano"] = str(event.timestamp)
-    if event.name:
-        out["name"] = event.name
-    attributes = _attributes(event.attributes)
-    if attributes:
-        out["attributes"] = attributes
-    if event.dropped_attributes:
-        out["droppedAttributesCount"] = event.dropped_attributes
-    return out
-
-
-def _link_dict(link: Any) -> Dict[str, Any]:
-    ctx = link.context
-    out: Dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
-    attributes = _attributes(link.attributes)
-    if attributes:
-        out["attributes"] = attributes
-    if link.dropped_attributes:
-        out["droppedAttributesCount"] = link.dropped_attributes
-    out["flags"] = _flags(ctx)
-    return out
-
-
-def _status_dict(status: Any) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    if status is None:
-        return out
-    if status.description:
-        out["message"] = status.description
-    if status.status_code.value:
-        out["code"] = status.status_code.value
-    return out
-
-
-def _flags(context: Any) -> int:
-    if context is not None and context.is_remote:
-        return _FLAG_HAS_IS_REMOTE | _FLAG_IS_REMOTE
-    return _FLAG_HAS_IS_REMOTE
-
-
-def _attributes(attributes: Any) -> List[Dict[str, Any]]:
-    if not attributes:
-        return []
-    out = []
-    for key, value in attributes.items():
-        try:
-            encoded = _any_value(value)
-        except Exception as exc:  # the SDK encoder logs and skips such an attribute too
-            health.record_failure(f"{_OUTPUT}.attribute", exc)
-            continue
-        out.append(_key_value(key, encoded))
-    return out
-
-
-def _key_value(key: str, encoded: Dict[str, Any]) -> Dict[str, Any]:
-    return {"key": key, "value": encoded} if key else {"value": encoded}  # an empty key is a zero value
-
-
-def _any_value(value: Any) -> Dict[str, Any]:
-    # Same type order as the SDK's _encode_value (bool before int, str before Sequence).
-    if value is None:
-        return {}
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, str):
-        if not value.isascii():
-            value.encode("utf-8")  # lone surrogates: protobuf refuses them, so do we
-        return {"stringValue": value}
-    if isinstance(value, int):
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise ValueError(f"int attribute out of int64 range: {value}")
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": _json_double(value)}
-    if isinstance(value, bytes):
-        return {"bytesValue": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, Sequence):
-        values = [_any_value(v) for v in value]
-        return {"arrayValue": {"values": values} if values else {}}
-    if isinstance(value, Mapping):
-        pairs = [_key_value(str(k), _any_value(v)) for k, v in value.items()]
-        return {"kvlistValue": {"values": pairs} if pairs else {}}
-    raise TypeError(f"Invalid type {type(value)} of value {value}")
-
-
-def _json_double(value: float) -> Union[float, str]:
-    # proto3 JSON spells the non-finite doubles as strings
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "Infinity" if value > 0 else "-Infinity"
-    return value
+def resource_spans_dict(spans: Sequence[Any]) -> Dict[str, Any]:
+    """``{"resourceSpans": [...]}`` for a batch (records or ``ReadableSpan``s), as the
+    file's line holds it: exactly ``MessageToDict(encode_spans(spans))`` with hex ids, keys
+    in protobuf field-number order."""
+    return json.loads(JsonEncoder(_OUTPUT).encode(records_of(spans)))
 
 
 def resource_spans_via_sdk(spans: Sequence[ReadableSpan]) -> Dict[str, Any]:

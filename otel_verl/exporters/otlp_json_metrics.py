@@ -18,6 +18,7 @@ from opentelemetry.sdk.metrics import Counter, Histogram, ObservableCounter, Obs
 from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter, MetricExportResult
 
 from otel_verl import health
+from otel_verl.exporters._writer import REOPEN_CHECK_S
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
 OUTPUT = "otlp_json_metrics_file"
@@ -32,9 +33,12 @@ _CUMULATIVE = {kind: AggregationTemporality.CUMULATIVE for kind in
 class OtlpJsonMetricFileExporter(MetricExporter):
     """Appends one whole ``{"resourceMetrics":[...]}`` line per collection."""
 
-    def __init__(self, directory: str, *, max_file_bytes: int = 100 * 1024 * 1024) -> None:
+    def __init__(self, directory: str, *, max_file_bytes: int = 100 * 1024 * 1024,
+                 reopen_check_s: float = REOPEN_CHECK_S) -> None:
         super().__init__(preferred_temporality=_CUMULATIVE)
-        self.files = OtlpJsonFileExporter(directory, max_file_bytes=max_file_bytes, prefix=FILE_PREFIX, output=OUTPUT)
+        # its file follows its path as the spans' files do (deleted, renamed: opened again)
+        self.files = OtlpJsonFileExporter(directory, max_file_bytes=max_file_bytes, prefix=FILE_PREFIX, output=OUTPUT,
+                                          reopen_check_s=reopen_check_s)
 
     @property
     def path(self) -> Any:

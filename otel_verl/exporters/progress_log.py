@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, TextIO
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, one_line, write_discovery_file
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, one_line,
+                                        write_discovery_file, written_at_once)
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject, Layout, Stage
 
@@ -130,6 +131,7 @@ def task_completed_line(span: Any, data: Any) -> str:
 class ProgressLogProcessor(SpanProcessor):
     """Prints the progress lines of this process's spans; files them under a trace dir."""
 
+    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects = frozenset({Subject.FIT, Subject.STEP, Subject.STEP_STAGE})  # the spans it reads
     on_end_subjects = frozenset({Subject.STEP, Subject.STEP_STAGE, Subject.TRAJECTORY})
 
@@ -137,13 +139,13 @@ class ProgressLogProcessor(SpanProcessor):
         self,
         trace_dir: Optional[str],
         *,
-        max_pending_lines: int = 1 << 20,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         clock: Callable[[], float] = time.time,
         stdout: Optional[TextIO] = None,
         discovery_path: Optional[str] = DISCOVERY_PATH,
     ) -> None:
         self.directory = os.path.join(trace_dir, "progress") if trace_dir else None
-        self.writer = BackgroundWriter("progress_log", max_pending_lines) if self.directory else None
+        self.writer = BackgroundWriter("progress_log", max_pending_bytes) if self.directory else None
         self._clock = clock
         self._stdout = stdout
         self._discovery_path = discovery_path
@@ -188,6 +190,10 @@ class ProgressLogProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0) if self.writer is not None else True
+
+    def checkpoint(self):
+        """See :meth:`BackgroundWriter.checkpoint` (stdout lines are written at once)."""
+        return self.writer.checkpoint() if self.writer is not None else written_at_once
 
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         if self.writer is not None:

@@ -22,13 +22,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, one_line, output_pid, write_discovery_file
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, one_line,
+                                        output_pid, write_discovery_file)
 from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Subject, Stage
 
 DISCOVERY_PATH = "/tmp/verl_trace_sample_path.txt"  # node-local: names the sample/ dir
 JOB_ID_ENV = "DLC_JOB_ID"
 NO_JOB_ID = "ENV_NOTFOUND_DLC_JOB_ID"
+ROW_BYTES = 256  # a row's text, for the writer's queue bound (uids, names, a detail)
 NO_TRAJ = "N/A"  # a row about a prompt, not one of its trajectories
 DEFAULT_TRAINER = "RayPPOTrainer"
 V1_TRAINER = "PPOTrainerV1"
@@ -315,6 +317,7 @@ class SampleCsvProcessor(SpanProcessor):
 
     # The spans it reads (IsolatingSpanProcessor hands it no others): the starts it writes
     # rows for, and every end (the validation scope needs them).
+    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects = frozenset(ROWS_AT_START)
     on_end_subjects = frozenset(Subject)
 
@@ -323,12 +326,12 @@ class SampleCsvProcessor(SpanProcessor):
         trace_dir: str,
         *,
         flow_stdout: bool = False,
-        max_pending_rows: int = 1 << 20,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         stdout: Optional[TextIO] = None,
         discovery_path: Optional[str] = DISCOVERY_PATH,
     ) -> None:
         self.directory = os.path.join(trace_dir, "sample")
-        self.writer = BackgroundWriter("sample_csv", max_pending_rows)
+        self.writer = BackgroundWriter("sample_csv", max_pending_bytes)
         self._job_id = os.environ.get(JOB_ID_ENV, NO_JOB_ID)
         self._hostname = socket.gethostname()
         self._flow_stdout = flow_stdout
@@ -376,13 +379,16 @@ class SampleCsvProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
 
+    def checkpoint(self):
+        return self.writer.checkpoint()
+
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         self.writer.close(close_timeout_s(timeout_millis))
 
     def _write(self, groups: List[Rows]) -> None:
         n_rows = sum(len(rows.trajs) for rows in groups)
         if n_rows:
-            self.writer.submit(functools.partial(self._render, groups), n_rows)
+            self.writer.submit(functools.partial(self._render, groups), n_rows, n_rows * ROW_BYTES)
 
     def _render(self, groups: List[Rows]) -> Tuple[str, str]:
         # on the writer thread

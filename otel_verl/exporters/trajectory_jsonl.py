@@ -26,8 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from otel_verl import health, semconv as sc, server_timing as st
-from otel_verl.exporters._writer import BackgroundWriter, close_timeout_s, output_pid, write_discovery_file
+from otel_verl import health, semconv as sc, server_timing as st, settings
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, output_pid,
+                                        write_discovery_file)
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
 from otel_verl.semconv import Subject
@@ -35,11 +36,17 @@ from otel_verl.server_timing import number
 
 DISCOVERY_PATH = "/tmp/verl_trace_trajectory_path.txt"
 _OUTPUT = "trajectory_jsonl"
+# Each text of a line (a completion, an observation, a prompt, an agent metric's text) is
+# cut at this many characters, counted: a 50 MB tool observation would otherwise make a
+# line of 50 MB, its decode several times that in the writer's memory.
+MAX_TEXT_CHARS = settings.DEFAULT_JSONL_MAX_TEXT_CHARS
+ID_BYTES = 6  # a token id in a line: its decoded text and its share of the JSON around it
 
 
 class TrajectoryJsonlProcessor(SpanProcessor):
     """Writes ``{trace_dir}/trajectory/trajectory_{pid}_{YYYYmmdd_HHMMSS}_{mmm}.jsonl``."""
 
+    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects: frozenset = frozenset()  # the spans it reads
     on_end_subjects = frozenset({Subject.TRAJECTORY})
 
@@ -50,12 +57,12 @@ class TrajectoryJsonlProcessor(SpanProcessor):
         max_file_bytes: int = 100 * 1024 * 1024,
         discovery_path: Optional[str] = DISCOVERY_PATH,
         clock: Callable[[], float] = time.time,
-        max_pending_lines: int = 1 << 14,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        max_text_chars: int = MAX_TEXT_CHARS,
     ) -> None:
         self.directory = os.path.join(trace_dir, "trajectory")
-        # A queued line holds its trajectory's token ids until rendered: bound the queue
-        # lower than the small-line outputs do (the writer renders ~5000 lines/s).
-        self.writer = BackgroundWriter(_OUTPUT, max_pending_lines)
+        self.writer = BackgroundWriter(_OUTPUT, max_pending_bytes)
+        self.max_text_chars = max_text_chars
         self._files = _TrajectoryFiles(self.directory, max_file_bytes, discovery_path, clock)
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -66,17 +73,24 @@ class TrajectoryJsonlProcessor(SpanProcessor):
             if span.attributes.get(sc.VALIDATE) or not span.status.is_ok:
                 return
             # The data is complete once its span ended; nothing changes it afterwards.
-            self.writer.submit(functools.partial(self._render, payload.data), 1)
+            data = payload.data
+            self.writer.submit(functools.partial(self._render, data), 1, line_bytes(data, self.max_text_chars))
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
     def _render(self, data: TrajectoryData) -> Tuple[str, str]:
         # on the writer thread; the file is picked last: rotation needs the line's size
-        text = trajectory_line(data) + "\n"
-        return self._files.path_for(len(text.encode("utf-8"))), text
+        text = trajectory_line(data, self.max_text_chars) + "\n"
+        # its size as written: a lone surrogate takes U+FFFD's 3 bytes there. Not utf8():
+        # the writer repairs and counts the line, once
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return self._files.path_for(size), text
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0)
+
+    def checkpoint(self):
+        return self.writer.checkpoint()
 
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         self.writer.close(close_timeout_s(timeout_millis))
@@ -133,13 +147,14 @@ def _first_prompt(turn: TurnData) -> Sequence[int]:
     return turn.prompt_ids[:count] if count is not None else turn.prompt_ids
 
 
-def trajectory_line(data: TrajectoryData) -> str:
-    """The JSONL line (without newline) for one finished trajectory."""
-    decode, encode = data.decode, data.encode
+def trajectory_line(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> str:
+    """The JSONL line (without newline) for one finished trajectory, each text cut at
+    ``max_text_chars``."""
+    texts = _Texts(data.decode, data.encode, max_text_chars)
     turns = data.turns
     # The contract's "first turn's prompt": ToolAgentLoop extends one prompt list in place,
     # so cut it back to the length it had when turn 0 was sent.
-    initial_prompt_text = _decode(decode, _first_prompt(turns[0])) if turns else None
+    initial_prompt_text = texts.decode(_first_prompt(turns[0])) if turns else None
     # Key order is the contract (the seed's dataclass field order minus dropped fields).
     rest = {
         "request_id": str(data.traj_uid),
@@ -148,13 +163,80 @@ def trajectory_line(data: TrajectoryData) -> str:
         "created_at_ts": data.created_at,
         "completed_at_ts": data.completed_at,
         "total_time_ms": (data.completed_at - data.created_at) * 1000,
-        "turns": _turn_dicts(turns, decode, encode),
+        "turns": _turn_dicts(turns, texts),
         "initial_prompt_text": initial_prompt_text,
-        "agent_metrics": _agent_metrics(data),
+        "agent_metrics": texts.cut_all(_agent_metrics(data)),
     }
     outer = {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid),
              "raw_message": _json(rest)}
     return json.dumps(outer, ensure_ascii=False)
+
+
+def line_bytes(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> int:
+    """About the bytes of the trajectory's line, for the writer's queue bound."""
+    size = 1024
+    for turn in data.turns:
+        size += 512 + ID_BYTES * (min(len(turn.prompt_ids), max_text_chars) +
+                                  min(len(turn.completion_ids), max_text_chars))
+        if turn.observation_text:
+            size += min(len(turn.observation_text), max_text_chars)
+    return size
+
+
+class _Texts:
+    """The texts of one line: decoded with the trajectory's tokenizer, each cut at
+    ``max_chars`` (counted as ``failures[trajectory_jsonl.text_cut]``)."""
+
+    def __init__(self, decode: _Decode, encode: _Encode, max_chars: int) -> None:
+        self._decode, self._encode, self.max_chars = decode, encode, max_chars
+        self.decodes = decode is not None
+
+    def cut(self, text: Optional[str]) -> Optional[str]:
+        if text is None or len(text) <= self.max_chars:
+            return text
+        self._count_cut()
+        return text[: self.max_chars]
+
+    def _count_cut(self) -> None:
+        health.record_failures(f"{_OUTPUT}.text_cut", 1, f"(a text cut at {self.max_chars} characters)")
+
+    def cut_all(self, value: Any) -> Any:
+        """``value`` (agent metrics) with every text in it cut."""
+        if isinstance(value, str):
+            return self.cut(value)
+        if isinstance(value, dict):
+            return {key: self.cut_all(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.cut_all(item) for item in value]
+        return value
+
+    def decode(self, ids: Any) -> Optional[str]:
+        if self._decode is None or ids is None:
+            return None
+        try:
+            ids = token_list(ids)
+            if len(ids) <= self.max_chars:
+                return self.cut(self._decode(ids, skip_special_tokens=False))
+            # a token is a character of text or more, nearly always: the ids past the bound
+            # are not decoded at all
+            self._count_cut()
+            return self._decode(ids[: self.max_chars], skip_special_tokens=False)[: self.max_chars]
+        except Exception as exc:  # UnsentTokens too: a prompt id that was not kept
+            health.record_failure(f"{_OUTPUT}.decode", exc)
+            return None
+
+    def token_count(self, text: Optional[str]) -> int:
+        """The tokens of an observation; one longer than ``max_chars`` is encoded by pieces
+        of that size (its count may then differ by a few tokens at the seams)."""
+        if self._encode is None or not text:
+            return 0
+        try:
+            step = self.max_chars
+            return sum(len(self._encode(text[i:i + step], add_special_tokens=False))
+                       for i in range(0, len(text), step))
+        except Exception as exc:
+            health.record_failure(f"{_OUTPUT}.encode", exc)
+            return 0
 
 
 def _agent_metrics(data: TrajectoryData) -> Dict[str, Any]:
@@ -168,7 +250,7 @@ def _agent_metrics(data: TrajectoryData) -> Dict[str, Any]:
     return metrics
 
 
-def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> List[Dict[str, Any]]:
+def _turn_dicts(turns: Sequence[TurnData], texts: _Texts) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     prev_prompt = prev_completion = prev_observation_tokens = 0
     for i, turn in enumerate(turns):
@@ -186,9 +268,9 @@ def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> 
                 # The contract's quirk: the slice starts right after the previous
                 # completion, i.e. before (not after) the previous turn's observation.
                 start = prev_prompt + prev_completion
-                overhead_text = _decode(decode, turn.prompt_ids[start : start + overhead_tokens])
-        completion_text = _decode(decode, turn.completion_ids)
-        if completion_text is None and decode is not None:
+                overhead_text = texts.decode(turn.prompt_ids[start : start + overhead_tokens])
+        completion_text = texts.decode(turn.completion_ids)
+        if completion_text is None and texts.decodes:
             completion_text = ""  # the seed's agent loops wrote "" when decoding failed
         server = _server_timings(turn.server_meta)
         out.append(
@@ -198,7 +280,7 @@ def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> 
                 "completion_text": completion_text,
                 "completion_token_count": completion_count,
                 "finish_reason": turn.finish_reason or "",
-                "observation_text": turn.observation_text,
+                "observation_text": texts.cut(turn.observation_text),
                 "start_ts": turn.start_ts,
                 "end_ts": turn.end_ts,
                 "observation_start_ts": turn.observation_start_ts,
@@ -214,7 +296,7 @@ def _turn_dicts(turns: Sequence[TurnData], decode: _Decode, encode: _Encode) -> 
         prev_prompt, prev_completion = prompt_count, completion_count
         # Only a following turn needs them: the last turn's observation is never encoded.
         if i + 1 < len(turns):
-            prev_observation_tokens = _observation_token_count(encode, turn.observation_text)
+            prev_observation_tokens = texts.token_count(turn.observation_text)
     return out
 
 
@@ -240,26 +322,6 @@ def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
         "sglang_prefill_ms": launch * 1000 if launch is not None else None,
         "sglang_decode_time_ms": decode_ms,
     }
-
-
-def _observation_token_count(encode: _Encode, text: Optional[str]) -> int:
-    if encode is None or not text:
-        return 0
-    try:
-        return len(encode(text, add_special_tokens=False))
-    except Exception as exc:
-        health.record_failure(f"{_OUTPUT}.encode", exc)
-        return 0
-
-
-def _decode(decode: _Decode, ids: Any) -> Optional[str]:
-    if decode is None or ids is None:
-        return None
-    try:
-        return decode(token_list(ids), skip_special_tokens=False)
-    except Exception as exc:  # UnsentTokens too: a prompt id that was not kept
-        health.record_failure(f"{_OUTPUT}.decode", exc)
-        return None
 
 
 def _json(value: Any) -> str:

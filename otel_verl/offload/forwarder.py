@@ -35,12 +35,14 @@ import sys
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import health
+from otel_verl.exporters._writer import DEFAULT_MAX_PENDING_BYTES
+from otel_verl.exporters.batch import span_bytes
 from otel_verl.offload import wire
 from otel_verl.payload import payload_of
 from otel_verl.sampling import IsolatingSpanProcessor
@@ -48,13 +50,15 @@ from otel_verl.semconv import Subject
 
 logger = logging.getLogger("otel_verl")
 
-OUTPUT = "offload"  # the health counters' name for spans the export process never got
+OUTPUT = wire.OFFLOAD_OUTPUT
 STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
 MAX_CODECS = 16  # tokenizers both ends keep (an agent loop may make a decode function per trajectory)
 CHECKPOINT_INTERVAL_S = 1.0  # how often what was sent is acknowledged (a death may count a span written since)
 MAX_RESTARTS_PER_MINUTE = 3
 SHUTDOWN_TIMEOUT_S = 60.0  # the export process's outputs get this long to finish at shutdown
 GRACE_S = 1.0  # for a killed export process to go, and its last answers to be read
+KILL_RESERVE_S = 0.6  # of a shutdown's deadline, to kill an export process that hangs and count its losses
+ANSWER_RESERVE_S = 0.2  # of what is left when the export process closes: for its last answer and its exit
 
 
 class OffloadSpanProcessor(SpanProcessor):
@@ -69,7 +73,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self,
         config: wire.HostConfig,
         *,
-        max_pending: int = 1 << 16,
+        max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         batch_interval_s: float = 0.05,
         max_batch: int = 512,
         start_timeout_s: float = 60.0,
@@ -80,7 +84,7 @@ class OffloadSpanProcessor(SpanProcessor):
     ) -> None:
         self.start_subjects = frozenset(start_subjects)
         self.config = config
-        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
         self.batch_interval_s = batch_interval_s
         self.max_batch = max_batch
         self.start_timeout_s = start_timeout_s
@@ -100,31 +104,35 @@ class OffloadSpanProcessor(SpanProcessor):
             return
         payload = payload_of(span)
         if payload is not None and payload.subject in self.start_subjects:
-            self._queue((STARTED, span, payload, wire.copied(span.attributes)))
+            self._queue(STARTED, span, payload, wire.copied(span.attributes))
 
     def on_end(self, span: Any) -> None:
         in_process = self._in_process
         if in_process is not None:
             in_process.on_end(span)
             return
-        self._queue((ENDED, span, payload_of(span), None))
+        self._queue(ENDED, span, payload_of(span), None)
 
-    def _queue(self, entry: tuple) -> None:
-        pending = self._pending
-        if self._accepting and len(pending) < self.max_pending:
-            pending.append(entry)
-            if len(pending) >= self.max_batch and not self._wake.is_set():
-                self._wake.set()
-            return
+    def _queue(self, kind: str, span: Any, payload: Any, start_attributes: Any) -> None:
+        size = entry_bytes(span, payload)
+        with self._queue_lock:
+            accepted = self._accepting and self._pending_bytes + size <= self.max_pending_bytes
+            if accepted:
+                self._pending.append((kind, span, payload, start_attributes, size))
+                self._pending_bytes += size
+                self._queued_ends += kind is ENDED
+                if len(self._pending) >= self.max_batch and not self._wake.is_set():
+                    self._wake.set()
+                return
         if self._forked:  # the first span of a forked child that traces: its own export process
             self._forked = False
             self._start()
             if self._accepting:
-                self._pending.append(entry)
+                self._queue(kind, span, payload, start_attributes)
                 return
-        spans = entry[0] == ENDED
+        spans = kind is ENDED
         if self._accepting:
-            self._lost(spans, "the export process is not keeping up")
+            self._lost(spans, "the export process is not keeping up (OTEL_VERL_MAX_QUEUE_MB)")
         else:  # (and whatever was queued as it stopped)
             self._lost(spans + self._drop_pending(), self._why_stopped)
 
@@ -141,7 +149,8 @@ class OffloadSpanProcessor(SpanProcessor):
                 self._flush_results[seq] = None
         if in_process is not None:
             return in_process.force_flush(timeout_millis)
-        self._pending.append((FLUSH, seq))
+        with self._queue_lock:
+            self._pending.append((FLUSH, seq, timeout_millis, None, 0))
         self._wake.set()
         with self._replies:
             try:
@@ -154,15 +163,20 @@ class OffloadSpanProcessor(SpanProcessor):
             finally:
                 del self._flush_results[seq]
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         """Send what is queued, let the export process finish its outputs and wait for it,
-        at most ``shutdown_timeout_s`` (then it is killed; what it had not acknowledged
-        is counted lost)."""
+        at most ``shutdown_timeout_s`` and ``timeout_millis`` (then it is killed; what it had
+        not acknowledged is counted lost)."""
         with self._lifecycle:
             if self._closing:
                 return
             self._closing = True
-        deadline = time.monotonic() + self.shutdown_timeout_s
+        timeout_s = self.shutdown_timeout_s
+        if timeout_millis is not None:
+            timeout_s = min(timeout_s, timeout_millis / 1000.0)
+        # the last moments are for killing an export process that hangs and counting its losses
+        deadline = time.monotonic() + max(0.0, timeout_s - KILL_RESERVE_S)
+        self._deadline = deadline  # the export process's Close says how much of it is left
         self._wake.set()
         if self._sender.is_alive():
             self._sender.join(_left(deadline))
@@ -178,25 +192,29 @@ class OffloadSpanProcessor(SpanProcessor):
                 child.process.wait(_left(deadline))
             except subprocess.TimeoutExpired:
                 why = "the export process did not finish in time"
-            self._bury(child, why)
+            self._bury(child, why, grace_s=KILL_RESERVE_S / 3)
         if self._in_process is not None:
             self._in_process.shutdown()
         self._stop(self._why_stopped or "the span processor was shut down")  # later spans are counted too
+        if child is not None and not child.finished and self._in_process is None:
+            self._write_loss_file()
         _live.discard(self)
 
     # ------------------------------------------------------------------ start
 
     def _start(self) -> None:
-        self._pending: deque = deque()  # (STARTED/ENDED, span, payload, start attributes) or (FLUSH, seq)
+        # (STARTED/ENDED, span, payload, start attributes, bytes) or (FLUSH, seq, timeout ms, None, 0)
+        self._pending: deque = deque()
+        self._queue_lock = threading.Lock()  # guards the queue's bytes and its count of ends
+        self._pending_bytes = 0  # what the queue holds, estimated (entry_bytes)
+        self._queued_ends = 0  # span ends ever queued: the export process counts those it never got
         self._wake = threading.Event()
         self._replies = threading.Condition()  # guards flush results, acknowledgements, relayed counts
-        # what the export processes counted and this process took over: a Flush sends this
-        # process's own counters, which are health's less these
-        self._relayed: Dict[str, Counter] = {"failures": Counter(), "dropped": Counter()}
         self._lifecycle = threading.Lock()  # no export process starts once shutdown began
         self._flush_seq = 0
         self._flush_results: Dict[int, Optional[bool]] = {}  # force_flush calls waiting: seq -> answer
         self._closing = self._forked = False
+        self._deadline = float("inf")  # (time.monotonic) the shutdown's, once it began
         self._accepting = True
         self._why_stopped = ""
         self._restarts: deque = deque()  # when each restart of the last minute happened
@@ -217,6 +235,10 @@ class OffloadSpanProcessor(SpanProcessor):
             process = subprocess.Popen(
                 [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
                 stdin=subprocess.PIPE, pass_fds=(reply_write,), close_fds=True,
+                # A signal to this process's group (Ray stopping a worker, Ctrl-C) must not
+                # end the export process before it got this process's last spans: it ends
+                # when its stdin does, within its own shutdown deadline.
+                start_new_session=True,
             )
         except BaseException:
             os.close(reply_read)
@@ -257,6 +279,7 @@ class OffloadSpanProcessor(SpanProcessor):
             self._send_pending()
             if closing:
                 self._send_pending()  # what came meanwhile
+                self._send_close()
                 return
             self._checkpoint_if_due()
 
@@ -268,54 +291,71 @@ class OffloadSpanProcessor(SpanProcessor):
         while left > 0 and not self._child.write_failed:
             batch: List[wire.SpanSnapshot] = []
             flush = None
+            taken = 0
             while left > 0 and len(batch) < self.max_batch:
                 try:
-                    entry = pending.popleft()
+                    kind, span, payload, start_attributes, size = pending.popleft()
                 except IndexError:  # emptied by a shutdown that stopped waiting for this thread
-                    return
+                    break
                 left -= 1
-                if entry[0] == FLUSH:
-                    flush = entry[1]
+                taken += size
+                if kind is FLUSH:
+                    flush = (span, payload)  # its seq and timeout
                     break  # what was queued after it goes after the Flush
                 try:
-                    _, span, payload, start_attributes = entry
                     batch.append(wire.snapshot(span, payload, self._codec_id, start_attributes))
                 except Exception as exc:
                     health.record_failure("offload.snapshot", exc)
-                    self._lost(entry[0] == ENDED, "a span could not be read")
-            self._send_batch(batch, flush)
+                    self._lost(kind is ENDED, "a span could not be read")
+            with self._queue_lock:
+                self._pending_bytes -= taken
+                queued = self._queued_ends
+            self._send_batch(batch, flush, queued)
 
-    def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[int]) -> None:
+    def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[Tuple[int, Optional[int]]],
+                    queued: int) -> None:
+        """Sends ``batch`` and then, given ``(seq, timeout_ms)``, a Flush."""
         child = self._child
         frames = [wire.frame(codec) for codec in self._new_codecs]
         self._new_codecs = []
         ends = 0
         if batch:
-            spans, ends = self._spans_frame(batch)
+            spans, ends = self._spans_frame(batch, queued)
             frames.append(spans)
         frames += [wire.frame(forget) for forget in self._forgotten_codecs]
         self._forgotten_codecs = []
         if flush is not None:
-            frames.append(wire.frame(wire.Flush(flush, self._own_counts())))
+            seq, timeout_ms = flush
+            frames.append(wire.frame(wire.Flush(seq, self._own_counts(), timeout_ms)))
         with self._replies:  # counted before the answer that acknowledges them can come
             child.ends_sent += ends
             if flush is not None:
-                child.checkpoints.append((flush, child.ends_sent))
+                child.checkpoints.append((seq, child.ends_sent))
                 child.last_checkpoint = (time.monotonic(), child.ends_sent)
         for data in frames:
             if not child.write(data):
                 self._wake.set()  # its death counts what it was sent
                 return
 
-    def _spans_frame(self, batch: List[wire.SpanSnapshot]) -> Tuple[bytes, int]:
+    def _spans_frame(self, batch: List[wire.SpanSnapshot], queued: int) -> Tuple[bytes, int]:
         """The frame of ``batch`` and how many span ends it carries."""
         try:
-            return wire.frame(wire.Spans(batch)), _ends(batch)
+            return wire.frame(wire.Spans(batch, queued)), _ends(batch)
         except Exception as exc:  # a payload that does not pickle: the rest of the batch still goes
             health.record_failure("offload.send", exc)
             sent = [snapshot for snapshot in batch if _pickles(snapshot)]
             self._lost(_ends(batch) - _ends(sent), "a span could not be pickled")
-            return wire.frame(wire.Spans(sent)), _ends(sent)
+            return wire.frame(wire.Spans(sent, queued)), _ends(sent)
+
+    def _send_close(self) -> None:
+        """Tells the export process this process sent all it will (with its final counts and
+        the time left to finish its outputs: sending may have taken some of the deadline):
+        an end of its input without it means this process died with spans still queued."""
+        with self._queue_lock:
+            queued = self._queued_ends
+        counts = self._own_counts()
+        timeout_ms = int(max(0.0, _left(self._deadline) - ANSWER_RESERVE_S) * 1000)
+        self._child.write(wire.frame(wire.Close(queued, counts, timeout_ms)))
 
     def _checkpoint_if_due(self) -> None:
         """A Flush now and then: its answer acknowledges every span sent before it."""
@@ -325,7 +365,9 @@ class OffloadSpanProcessor(SpanProcessor):
             with self._replies:
                 self._flush_seq += 1
                 seq = self._flush_seq
-            self._send_batch([], seq)
+            with self._queue_lock:
+                queued = self._queued_ends
+            self._send_batch([], (seq, None), queued)
 
     def _codec_id(self, decode: Any, encode: Any) -> int:
         key = (decode, encode)  # bound methods compare equal for the same tokenizer
@@ -391,20 +433,20 @@ class OffloadSpanProcessor(SpanProcessor):
             dead = child
             why = self._bury(dead)
 
-    def _bury(self, child: "ExportProcess", why: str = "") -> str:
+    def _bury(self, child: "ExportProcess", why: str = "", grace_s: float = GRACE_S) -> str:
         """Counts once the spans ``child`` had not acknowledged; why it is gone."""
         exiting = child.replies_ended.is_set() or child.write_failed
         try:
-            child.process.wait(GRACE_S if exiting else 0)
+            child.process.wait(grace_s if exiting else 0)
         except subprocess.TimeoutExpired:
             pass
         why = why or child.why_gone()
         child.kill()  # (it did not answer, or stopped reading: it may still run)
         try:
-            child.process.wait(GRACE_S)
+            child.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-        child.replies_ended.wait(GRACE_S)  # its last answers acknowledge spans
+        child.replies_ended.wait(grace_s)  # its last answers acknowledge spans
         child.close_input()
         with self._replies:
             lost, child.ends_acknowledged = child.ends_sent - child.ends_acknowledged, child.ends_sent
@@ -443,6 +485,21 @@ class OffloadSpanProcessor(SpanProcessor):
         self._lost(self._drop_pending(), why)  # their starts went elsewhere, their payloads are unbound
         self._fail_waiting_flushes()
 
+    def _write_loss_file(self) -> None:
+        """The export process did not finish its outputs (killed, or dead): the loss file it
+        kept for this process holds this process's counts as of its last message at best,
+        none of the spans counted lost since. Written here, final, with every count this
+        process knows (those the export process relayed included)."""
+        trace_dir = getattr(self.config.settings, "trace_dir", None)
+        if not trace_dir:
+            return
+        try:
+            from otel_verl.exporters.loss_file import LossFileProcessor
+
+            LossFileProcessor(trace_dir, self.config.resource_attributes).shutdown()
+        except Exception as exc:
+            health.record_failure("offload.loss_file", exc)
+
     # ------------------------------------------------------------------ reply threads
 
     def _read_replies(self, child: "ExportProcess") -> None:
@@ -460,9 +517,9 @@ class OffloadSpanProcessor(SpanProcessor):
                 break
             self._merge_counts(child, reply.counts)
             with self._replies:
-                child.acknowledge(reply.seq, reply.ok)
+                child.acknowledge(reply.seq, reply.written)
                 if self._flush_results.get(reply.seq, False) is None:
-                    self._flush_results[reply.seq] = reply.ok
+                    self._flush_results[reply.seq] = reply.flushed
                 self._replies.notify_all()
         child.replies.close()
         child.replies_ended.set()
@@ -478,16 +535,17 @@ class OffloadSpanProcessor(SpanProcessor):
                 for name, count in counts.get(kind, {}).items():
                     added = count - seen[kind].get(name, 0)
                     if added > 0:
-                        self._relayed[kind][name] += added
                         record(name, added, context)
         child.counts_seen = counts
 
     def _own_counts(self) -> Dict[str, Dict[str, int]]:
-        """This process's health counters less those relayed from export processes."""
+        """This process's health counters less those its export process relayed to it: the
+        ones it reports for this process (those of export processes gone before it included)."""
         with self._replies:
             counts = health.snapshot()
-            return {kind: {name: n - self._relayed[kind][name] for name, n in counts[kind].items()
-                           if n > self._relayed[kind][name]} for kind in counts}
+            seen = self._child.counts_seen if self._child is not None else {}
+            return {kind: {name: n - seen.get(kind, {}).get(name, 0) for name, n in counts[kind].items()
+                           if n > seen.get(kind, {}).get(name, 0)} for kind in counts}
 
     # ------------------------------------------------------------------ losses
 
@@ -509,12 +567,10 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def _drop_pending(self) -> int:
         """Empties the queue; how many spans (ends) were in it."""
-        pending, spans = self._pending, 0
-        while pending:
-            try:
-                spans += pending.popleft()[0] == ENDED
-            except IndexError:  # another thread emptied it meanwhile
-                break
+        with self._queue_lock:
+            spans = sum(entry[0] is ENDED for entry in self._pending)
+            self._pending.clear()
+            self._pending_bytes = 0
         return spans
 
     def _lost(self, count: int, why: str) -> None:
@@ -524,6 +580,8 @@ class OffloadSpanProcessor(SpanProcessor):
         # The parent's export process and threads are the parent's. A forked child that
         # traces gets its own when its first span comes (most forked children never do).
         self._pending = deque()
+        self._queue_lock = threading.Lock()
+        self._pending_bytes = self._queued_ends = 0
         self._wake, self._replies, self._lifecycle = threading.Event(), threading.Condition(), threading.Lock()
         self._flush_results = {}
         self._child = None
@@ -541,6 +599,7 @@ class ExportProcess:
         self.refusal = ""  # why its Hello was refused
         self.replies_ended = threading.Event()
         self.write_failed = False
+        self.finished = False  # its final answer came: its outputs, loss file included, were shut down
         # guarded by the processor's reply lock:
         self.ends_sent = 0  # span ends written (or being written) to it
         self.ends_acknowledged = 0  # of those, the ones before its last answered Flush
@@ -569,9 +628,10 @@ class ExportProcess:
 
     def acknowledge(self, seq: int, ok: bool) -> None:
         """The answer to Flush ``seq``: with ``ok``, every span sent before it is written
-        (``FINAL``: every span it was sent)."""
+        (or counted there; ``FINAL``: every span it was sent)."""
         if seq == wire.FINAL:
             self.ends_acknowledged = self.ends_sent
+            self.finished = True
             return
         while self.checkpoints and self.checkpoints[0][0] <= seq:
             checkpoint, ends = self.checkpoints.popleft()
@@ -618,6 +678,17 @@ def _pickles(snapshot: wire.SpanSnapshot) -> bool:
     except Exception:
         return False
     return True
+
+
+def entry_bytes(span: Any, payload: Any) -> int:
+    """The memory a queued span holds: its own (:func:`span_bytes`) and its payload's data,
+    which may say (``approx_bytes()``: a trajectory's token ids and texts)."""
+    size = span_bytes(span)
+    if payload is not None:
+        approx = getattr(payload.data, "approx_bytes", None)
+        if approx is not None:
+            size += approx()
+    return size
 
 
 def _left(deadline: float) -> float:

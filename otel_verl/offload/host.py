@@ -4,23 +4,38 @@ Started by :class:`~otel_verl.offload.forwarder.OffloadSpanProcessor`. Reads mes
 from stdin (:mod:`otel_verl.offload.wire`), rebuilds each span as a ``ReadableSpan``,
 makes its payload readable (:func:`otel_verl.payload.bind`) and hands it to the span
 processors the served process would have run itself (``bootstrap.output_processors``:
-the legacy files, OTLP, the embedded OTLP-JSON files), with the served process's resource
-and its pid in the file names. Its stdout and stderr are the served process's (progress
-lines and warnings land where they would have). It answers a Flush once its outputs
-have written everything before it, which tells the served process what it may count as
-written should this process die. At the end of stdin (the served process shut its
-outputs down, or died) it flushes and shuts every output down, answers with its final
-counters and exits.
+the legacy files, OTLP, the embedded OTLP-JSON files, metrics, the loss file), with the
+served process's resource and its pid in the file names. Its stdout and stderr are the
+served process's (progress lines and warnings land where they would have).
+
+Every output queues what it gets and writes or sends it from a thread of its own, so
+this process never stops reading: a collector that is slow, refusing or down delays no
+file. A Flush is answered from another thread once the file outputs have written (or
+counted) everything before it, which tells the served process what it may count as
+written should this process die; OTLP is not waited for, its losses are its own,
+counted here.
+
+At the end of stdin it shuts every output down within its deadline, answers with its
+final counters and exits. An end of stdin without the served process's Close means that
+process died: the span ends it had queued and never sent are counted lost here, and the
+outputs are finished all the same. Signals to the served process's group do not reach
+this process (its own session), and it ignores SIGTERM and SIGINT: it ends when its
+input does.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import io
 import logging
 import os
 import pickle
+import queue
+import signal
 import sys
-from typing import Any, BinaryIO, Dict, Iterable, Optional, Tuple
+import threading
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Tuple
 
 from otel_verl import health, payload
 from otel_verl.offload import wire
@@ -32,27 +47,38 @@ REFUSED = 2  # the exit status when the first messages are not this wire version
 
 class Host:
     """Runs ``processors`` (by default the outputs of ``config.settings``) on the spans
-    of the served process."""
+    of the served process, answering its flushes on ``reply`` (none: the answers go nowhere)."""
 
-    def __init__(self, config: wire.HostConfig, processors: Optional[Iterable[Any]] = None) -> None:
+    def __init__(self, config: wire.HostConfig, processors: Optional[Iterable[Any]] = None,
+                 reply: Optional[BinaryIO] = None) -> None:
         from otel_verl.sampling import IsolatingSpanProcessor
 
         if processors is None:
             from otel_verl import bootstrap
 
-            processors = bootstrap.output_processors(config.settings)
+            processors = bootstrap.output_processors(config.settings, config.resource_attributes)
+        processors = list(processors)
         self.rebuilder = wire.Rebuilder(config)
         # as the served process's provider calls them, within the share of the end's deadline
         # the served process gave this process (its settings' shutdown_timeout_s)
         self.processor = IsolatingSpanProcessor(config.settings.shutdown_timeout_s)
         for processor in processors:
             self.processor.add_span_processor(processor)
+        # what a Flush waits for: the outputs that write files here (not OTLP, not metrics)
+        self.file_outputs = [p for p in processors if getattr(p, "writes_files", False)]
+        self.replies = Replies(reply if reply is not None else io.BytesIO())
         self.codecs: Dict[int, Tuple[Any, Any]] = {}
+        self.received_ends = 0
+        self.queued_ends = 0  # as the served process last said
+        self.closed = False  # the served process sent its Close
+        self.close_timeout_ms: Optional[int] = None  # what its Close left for the outputs to finish
 
-    def handle(self, message: Any, reply: BinaryIO) -> None:
+    def handle(self, message: Any) -> None:
         if isinstance(message, wire.Spans):
             for snapshot in message.spans:
                 self.export(snapshot)
+                self.received_ends += snapshot.end_time is not None
+            self.queued_ends = message.queued
         elif isinstance(message, wire.Codec):
             try:
                 self.codecs[message.codec_id] = pickle.loads(message.functions)
@@ -62,8 +88,15 @@ class Host:
             self.codecs.pop(message.codec_id, None)
         elif isinstance(message, wire.Flush):
             health.record_served(message.counts)
-            ok = self.processor.force_flush()
-            wire.write_frame(reply, wire.Flushed(message.seq, bool(ok), health.snapshot()))
+            flush = None
+            if message.timeout_ms is not None:  # the served process's force_flush: every output
+                flush = functools.partial(self.processor.force_flush, message.timeout_ms)
+            self.replies.answer_when(message.seq, [output.checkpoint() for output in self.file_outputs], flush)
+        elif isinstance(message, wire.Close):
+            health.record_served(message.counts)
+            self.queued_ends = message.queued
+            self.closed = True
+            self.close_timeout_ms = message.timeout_ms
         else:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
@@ -88,9 +121,68 @@ class Host:
             finally:
                 payload.unbind(span)
 
-    def close(self, reply: BinaryIO) -> None:
-        self.processor.shutdown()
-        wire.write_frame(reply, wire.Flushed(wire.FINAL, True, health.snapshot()))
+    def close(self) -> None:
+        """The end of the input: what the served process queued and never sent is counted
+        (it died), every output shut down, the final counters answered."""
+        if not self.closed:
+            health.record_dropped(wire.OFFLOAD_OUTPUT, self.queued_ends - self.received_ends,
+                                  "queued in the traced process when it ended without closing its export process")
+        timeout_s = self.processor.timeout_s
+        if self.close_timeout_ms is not None:
+            timeout_s = min(timeout_s, self.close_timeout_ms / 1000.0)
+        self.processor.shutdown(timeout_millis=int(timeout_s * 1000))
+        self.replies.close()
+
+
+class Replies:
+    """The reply pipe: a Flush's answer is written from a thread of its own once the outputs
+    it waits for have written everything before it, in the order the Flushes came."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self._lock = threading.Lock()
+        self._waiting: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._answer, name="otel-verl-offload-answers", daemon=True)
+        self._thread.start()
+
+    def answer_when(self, seq: int, waits: List[Callable[[Optional[float]], bool]],
+                    flush: Optional[Callable[[], bool]] = None) -> None:
+        """Answers Flush ``seq`` once every wait returned, and ``flush()`` too if given."""
+        self._waiting.put((seq, waits, flush))
+
+    def write(self, message: Any) -> bool:
+        try:
+            with self._lock:
+                wire.write_frame(self.out, message)
+        except (OSError, ValueError):  # the served process is gone: its counters are in our log
+            return False
+        return True
+
+    def close(self) -> None:
+        """Answers the last Flush with the final counters (``FINAL`` acknowledges all)."""
+        self._waiting.put(None)
+        self.write(wire.Flushed(wire.FINAL, True, True, health.snapshot()))
+
+    def _answer(self) -> None:
+        while True:
+            item = self._waiting.get()
+            if item is None:
+                return
+            seq, waits, flush = item
+            for wait in waits:
+                try:
+                    wait(None)
+                except Exception as exc:
+                    health.record_failure("offload.flush", exc)
+            flushed = True
+            if flush is not None:
+                try:
+                    flushed = bool(flush())
+                except Exception as exc:
+                    health.record_failure("offload.flush", exc)
+                    flushed = False
+            if not self.write(wire.Flushed(seq, True, flushed, health.snapshot())):
+                return
 
 
 def _keep_out_of_full_collections() -> None:
@@ -106,6 +198,8 @@ def main(argv: Optional[list] = None) -> int:
         level=logging.WARNING, stream=sys.stderr,
         format=f"otel_verl export process {os.getpid()} (for {os.getppid()}): %(message)s",
     )
+    for signum in (signal.SIGTERM, signal.SIGINT):  # this process ends with its input
+        signal.signal(signum, signal.SIG_IGN)
     reply = os.fdopen(int(argv[0]), "wb")
     source = sys.stdin.buffer
     try:
@@ -125,7 +219,7 @@ def main(argv: Optional[list] = None) -> int:
     from otel_verl.exporters import _writer
 
     _writer.name_outputs_after(config.config.pid)  # the served process's files
-    host = Host(config.config)
+    host = Host(config.config, reply=reply)
     _keep_out_of_full_collections()
     while True:
         body = wire.read_body(source)
@@ -133,20 +227,15 @@ def main(argv: Optional[list] = None) -> int:
             break
         try:
             modules = len(sys.modules)
-            host.handle(pickle.loads(body), reply)
+            host.handle(pickle.loads(body))
             # A tokenizer's library came with it: frozen too. Only then, as an agent loop
             # may send a tokenizer per trajectory, and frozen cycles are never collected.
             if len(sys.modules) > modules:
                 _keep_out_of_full_collections()
-        except BrokenPipeError:
-            break
         except Exception as exc:
             health.record_failure("offload.handle", exc)
-    try:
-        host.close(reply)
-    except BrokenPipeError:  # the served process is gone: its counters are in our log
-        pass
-    counts = health.snapshot()
+    host.close()
+    counts = health.totals()
     if counts["dropped"] or counts["failures"]:
         logger.warning("at exit: dropped=%s failures=%s", counts["dropped"], counts["failures"])
     return 0

@@ -8,15 +8,21 @@ Traced process -> export process (its stdin):
 - :class:`Hello` first, then :class:`Config`;
 - :class:`Codec`: a tokenizer's (decode, encode) functions, once, before the first
   trajectory that names them; :class:`ForgetCodec` once no later trajectory will;
-- :class:`Spans`: span snapshots, in the order the spans started and ended;
-- :class:`Flush`: answered with :class:`Flushed` once everything sent before it has been
-  written and exported. That answer acknowledges those spans: the traced process sends a
-  Flush at least every second while spans flow, and counts as lost what an export process
-  died without acknowledging. A Flush also carries the traced process's own loss and
-  failure counters, which the export process's metrics report.
+- :class:`Spans`: span snapshots, in the order the spans started and ended, with how many
+  span ends the traced process had queued so far;
+- :class:`Flush`: answered with :class:`Flushed` once every file output has written (or
+  counted) everything sent before it; OTLP is not waited for (what it cannot send is its
+  own loss, counted in the export process). That answer acknowledges those spans: the
+  traced process sends a Flush at least every second while spans flow, and counts as lost
+  what an export process died without acknowledging. A Flush also carries the traced
+  process's own loss and failure counters, which the export process reports;
+- :class:`Close`: the traced process sent everything, with its final counters. An end of
+  the input without it means the traced process died: the span ends it had queued and
+  not sent (the last :class:`Spans` says how many it had queued) are counted lost by the
+  export process, which goes on to finish its outputs.
 
 Export process -> traced process (the reply pipe): :class:`Hello` first, then a
-:class:`Flushed` per :class:`Flush`, and one with ``seq`` :data:`FINAL` at exit.
+:class:`Flushed` per :class:`Flush`, in order, and one with ``seq`` :data:`FINAL` at exit.
 
 Each end checks the other's :class:`Hello`: on a different :data:`VERSION` the export
 process exits without reading further, and the traced process counts every span it
@@ -55,9 +61,10 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from otel_verl.payload import Payload, TrajectoryData, TurnData
 from otel_verl.semconv import Subject
 
-VERSION = 2  # of this wire format: a change to any message below needs a new one
+VERSION = 3  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
 UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
+OFFLOAD_OUTPUT = "offload"  # the health counters' name for spans the export process never got
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _HEADER = struct.Struct(">I")
 
@@ -98,17 +105,33 @@ class ForgetCodec(NamedTuple):
 
 class Flush(NamedTuple):
     """Asks for a :class:`Flushed`; carries the traced process's own health counters
-    (without those the export process sent it), for the export process's metrics."""
+    (without those the export process sent it), for the export process's outputs. With
+    ``timeout_ms`` it is the traced process's ``force_flush``: every output is flushed too,
+    OTLP and the metrics included, within that time."""
 
     seq: int
     counts: Dict[str, Dict[str, int]]
+    timeout_ms: Optional[int] = None
+
+
+class Close(NamedTuple):
+    """The traced process's last message: ``queued`` span ends in all, its final counters,
+    and the time its outputs may take to finish (``timeout_ms``; none: the export process's
+    own share of the deadline)."""
+
+    queued: int
+    counts: Dict[str, Dict[str, int]]
+    timeout_ms: Optional[int] = None
 
 
 class Flushed(NamedTuple):
-    """The answer to :class:`Flush` ``seq``, with the export process's health counters."""
+    """The answer to :class:`Flush` ``seq``, with the export process's health counters.
+    ``written``: the files hold (or counted) every span sent before it, which acknowledges
+    them; ``flushed``: so do the other outputs (a Flush with a timeout, in time)."""
 
     seq: int
-    ok: bool
+    written: bool
+    flushed: bool
     counts: Dict[str, Dict[str, int]]
 
 
@@ -162,11 +185,12 @@ class SpanSnapshot(NamedTuple):
 
 class Spans(NamedTuple):
     spans: List[SpanSnapshot]
+    queued: int = 0  # span ends the traced process had queued when it sent these
 
     def __reduce__(self) -> Any:
         # pickle reduces every NamedTuple through a Python call (several per span, most
         # of a rollout worker's sending); plain tuples pickle in C, so a batch goes as them
-        return _spans_from_tuples, ([_as_tuples(snapshot) for snapshot in self.spans],)
+        return _spans_from_tuples, ([_as_tuples(snapshot) for snapshot in self.spans], self.queued)
 
 
 def _as_tuples(s: SpanSnapshot) -> tuple:
@@ -178,8 +202,8 @@ def _as_tuples(s: SpanSnapshot) -> tuple:
             tuple(s.payload) if s.payload is not None else None, s.codec)
 
 
-def _spans_from_tuples(spans: List[tuple]) -> Spans:
-    return Spans([_snapshot_from_tuples(*fields) for fields in spans])
+def _spans_from_tuples(spans: List[tuple], queued: int) -> Spans:
+    return Spans([_snapshot_from_tuples(*fields) for fields in spans], queued)
 
 
 def _snapshot_from_tuples(name: str, context: tuple, parent: Optional[tuple], kind: SpanKind, start_time: int,

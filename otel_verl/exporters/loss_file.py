@@ -1,0 +1,124 @@
+"""Each process's loss and failure counters, as a file beside its outputs.
+
+Metrics carry the counters too, but only as often as they are collected and only where
+metrics go; a process killed between collections takes its last counts with it, and a
+rollout worker's counts of its last seconds reached only its log. :class:`LossFileProcessor`
+keeps ``{trace_dir}/losses/losses-{host}-pid{pid}.json`` current: rewritten (a new file
+renamed over the old one, so a reader never sees half of it) at most every
+``interval_s`` while the counters change, and a last time when the outputs shut down,
+after every other output counted its losses (``shutdown_order``). In a rollout worker's
+export process the file is the worker's (its pid), with the worker's own counters as of
+its last message and what the export process counted, so it survives the worker.
+``otel-verl report`` sums the files of a run.
+
+A file holds ``{"pid", "host", "resource", "final", "time_unix_nano", "dropped",
+"failures", "notes"}``; ``final`` says whether the process shut its outputs down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import weakref
+from typing import Any, Dict, Optional
+
+from opentelemetry.sdk.trace import SpanProcessor
+
+from otel_verl import health, semconv as sc
+from otel_verl.exporters._writer import FILE_MODE, make_dirs, output_pid, written_at_once
+
+DIRECTORY = "losses"
+_RESOURCE_KEYS = (sc.RUN_ID, sc.ROLE, sc.SERVICE_NAME, sc.SERVICE_INSTANCE_ID)
+
+
+class LossFileProcessor(SpanProcessor):
+    """Writes this process's counters to its file in ``{trace_dir}/losses/``; reads no spans."""
+
+    on_start_subjects: frozenset = frozenset()
+    on_end_subjects: frozenset = frozenset()
+    shutdown_order = 2  # last: after the outputs counted what they lost, and after the metrics
+    writes_files = True  # a flush of the export process writes it (offload.host)
+
+    def __init__(self, trace_dir: str, resource_attributes: Optional[Dict[str, Any]] = None, *,
+                 interval_s: float = 1.0) -> None:
+        self.directory = os.path.join(trace_dir, DIRECTORY)
+        self.resource = {key: resource_attributes[key] for key in _RESOURCE_KEYS
+                         if resource_attributes and key in resource_attributes}
+        self.interval_s = interval_s
+        self._host = socket.gethostname()
+        self._written: Any = None  # the counters last written
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._start_thread()
+        _live.add(self)
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._loop, name="otel-verl-loss-file", daemon=True).start()
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, f"losses-{self._host}-pid{output_pid()}.json")
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.write(final=False)
+
+    def checkpoint(self) -> Any:
+        self.write(final=False)
+        return written_at_once
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.write(final=True)
+
+    def write(self, final: bool) -> bool:
+        """Writes the counters when they changed since the last write (or ``final``)."""
+        counts = health.totals()
+        notes = health.notes()
+        with self._lock:
+            if not final and (counts, notes) == self._written:
+                return True
+            try:
+                make_dirs(self.directory)
+                path = self.path
+                temporary = f"{path}.{os.getpid()}.tmp"
+                text = json.dumps({"pid": output_pid(), "host": self._host, "resource": self.resource, "final": final,
+                                   "time_unix_nano": time.time_ns(), **counts, "notes": notes}, sort_keys=True)
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text + "\n")
+                os.replace(temporary, path)
+            except OSError:  # the files' own writers count what the disk refused
+                return False
+            self._written = (counts, notes)
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.write(final=False)
+
+    def _after_fork_in_child(self) -> None:
+        self._written = None  # the child's counters start afresh, in a file of its own
+        self._lock = threading.Lock()
+        if not self._stop.is_set():
+            self._start_thread()
+
+
+_live: "weakref.WeakSet[LossFileProcessor]" = weakref.WeakSet()
+
+
+def _start_afresh_in_child() -> None:
+    for processor in list(_live):
+        processor._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_start_afresh_in_child)
