@@ -24,7 +24,7 @@ readable for servers that still report them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Optional
 
 E2E_LATENCY = "e2e_latency"
 QUEUE_TIME = "queue_time"
@@ -80,6 +80,38 @@ def ttft_s(meta: Mapping[str, Any]) -> Any:
             if prefilled is not None:
                 return prefilled - received
     return number(meta.get(FIRST_TOKEN_LATENCY))
+
+
+class Split(NamedTuple):
+    """The server's view of one request, in seconds: ``queue`` waiting to be scheduled,
+    ``prefill`` from then to its first token, ``decode`` the rest; they add up to ``e2e``.
+    All but ``e2e`` are ``None`` for a server that reported only that (sglang without its
+    metrics)."""
+
+    e2e: float
+    queue: Optional[float]
+    prefill: Optional[float]
+    decode: Optional[float]
+
+
+def split(meta: Mapping[str, Any]) -> Optional[Split]:
+    """The queue / prefill / decode split of a request's meta (``None``: no e2e_latency),
+    one rule for the metrics and the report. Prefill is the time to first token less the
+    queue, so the three parts add up to the request's time; an older sglang's
+    ``prefill_launch_latency`` (the prefill's launch alone, leaving tokenizing and transfer
+    out) stands in only when there is no time to first token."""
+    e2e = number(meta.get(E2E_LATENCY))
+    if e2e is None:
+        return None
+    if timing_missing(meta):
+        return Split(float(e2e), None, None, None)
+    queue = float(number(meta.get(QUEUE_TIME)) or 0.0)
+    ttft = ttft_s(meta)
+    if ttft is not None:
+        prefill = max(0.0, ttft - queue)
+    else:
+        prefill = float(number(meta.get(PREFILL_LAUNCH_LATENCY)) or 0.0)
+    return Split(float(e2e), queue, prefill, max(0.0, e2e - queue - prefill))
 
 
 def timing_missing(meta: Mapping[str, Any]) -> bool:

@@ -117,6 +117,30 @@ def test_llm_server_queue_prefill_and_decode_from_the_engine_meta(reader):
         assert (point.count, point.sum) == (1, pytest.approx(value)), name
 
 
+@pytest.mark.parametrize("meta", [
+    # sglang 0.5.12 (and 0.5.23, which adds first_token_latency)
+    {"e2e_latency": 2.0, "queue_time": 0.25, "request_received_ts": 100.0, "prefill_finished_time": 100.75},
+    # an older sglang: prefill_finished_ts, and prefill_launch_latency beside the time to first token
+    {"e2e_latency": 1.5, "queue_time": 0.25, "request_received_ts": 100.0, "prefill_finished_ts": 100.5,
+     "prefill_launch_latency": 0.125},
+], ids=["sglang_0_5_12", "older_sglang"])
+def test_the_server_split_of_the_metrics_is_the_reports(reader, meta):
+    from otel_verl.report.spans import server_split
+
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        with events.llm_call([1]) as turn:
+            headers = turn.carrier()
+    with events.llm_server_call(headers, request_id="r1", provider="sglang") as call:
+        call.record_meta(meta)
+    found = points(reader)
+    attrs = {sc.GEN_AI_PROVIDER_NAME: "sglang"}
+    split = server_split({"attributes": {sc.llm_server_meta_attribute(k): v for k, v in meta.items()}})
+    for name, part in ((m.SERVER_REQUEST_DURATION, "e2e"), (m.SERVER_QUEUE_DURATION, "queue"),
+                       (m.SERVER_PREFILL_DURATION, "prefill"), (m.SERVER_DECODE_DURATION, "decode")):
+        assert one(found, name, **attrs).sum == pytest.approx(split[part]), name
+    assert split["queue"] + split["prefill"] + split["decode"] == pytest.approx(split["e2e"])
+
+
 def test_no_sample_identity_reaches_a_metric_attribute(reader):
     for i in range(5):
         _trajectory(f"u{i}", f"t{i}")

@@ -59,7 +59,7 @@ def test_without_metric_files_the_report_says_none_recorded(make_pipeline, tmp_p
     with events.trajectory("uid", "0", step=1, agent_name="a"):
         pass
     losses = build([str(tmp_path)])["losses"]
-    assert losses["recorded"] is None and losses["note"].startswith("none recorded: no metric files")
+    assert losses["recorded"] is None and losses["note"].startswith("none recorded: no loss or metric files")
 
 
 def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tmp_path, monkeypatch):

@@ -66,7 +66,9 @@ ReadersFactory = Callable[[], List[Any]]
 class SpanMetricsProcessor(SpanProcessor):
     """Records the metrics of ``docs/SPANS.md`` ("Metrics") at span ends into a MeterProvider
     whose readers ``make_readers`` builds (on the first span end: exporters that open files
-    or connections are not built for a process that ends no span)."""
+    or connections are not built for a process that ends no span), or into the user's
+    ``meter_provider`` (``VerlInstrumentor().instrument(meter_provider=...)``), which stays
+    theirs to flush and shut down."""
 
     on_start_subjects: frozenset = frozenset()  # reads ends only
     shutdown_order = 1  # after the span outputs: the last collection has their losses
@@ -75,10 +77,12 @@ class SpanMetricsProcessor(SpanProcessor):
         Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,
     })
 
-    def __init__(self, make_readers: ReadersFactory, *, shutdown_timeout_s: float = 10.0) -> None:
+    def __init__(self, make_readers: Optional[ReadersFactory] = None, *, meter_provider: Any = None,
+                 shutdown_timeout_s: float = 10.0) -> None:
         self.make_readers = make_readers
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.meter_provider: Any = None
+        self.users_provider = meter_provider
+        self.meter_provider: Any = None  # the one this processor built and owns
         self._instruments: Optional[_Instruments] = None
         self._lock = threading.Lock()
         self._closed = False
@@ -103,12 +107,14 @@ class SpanMetricsProcessor(SpanProcessor):
         with self._lock:
             if self._instruments is None and not self._closed:
                 try:
-                    from opentelemetry.sdk.metrics import MeterProvider
+                    provider = self.users_provider
+                    if provider is None:
+                        from opentelemetry.sdk.metrics import MeterProvider
 
-                    # not the global provider: the span's resource, and flushed with the other outputs
-                    self.meter_provider = MeterProvider(metric_readers=self.make_readers(), resource=span.resource,
-                                                        shutdown_on_exit=False)
-                    self._instruments = _Instruments(self.meter_provider.get_meter(METER_NAME))
+                        # not the global provider: the span's resource, and flushed with the other outputs
+                        provider = self.meter_provider = MeterProvider(
+                            metric_readers=self.make_readers(), resource=span.resource, shutdown_on_exit=False)
+                    self._instruments = _Instruments(provider.get_meter(METER_NAME))
                 except Exception as exc:  # counted once; no metrics here rather than a failure per span
                     health.record_failure("metrics.start", exc)
                     self._closed = True
@@ -245,15 +251,11 @@ def _record_llm_server(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
     attrs = _pick(span, sc.GEN_AI_PROVIDER_NAME)
     # the engine's meta under its own key names: server_timing knows which mean what
     meta = {key[len(_PREFIX):]: value for key, value in span_attrs.items() if key.startswith(_PREFIX)}
-    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
-    queue = server_timing.number(meta.get(server_timing.QUEUE_TIME))
-    ttft = server_timing.ttft_s(meta)  # arrival to first token, queueing included
-    prefill = server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY))
-    if prefill is None and ttft is not None and queue is not None:
-        prefill = ttft - queue
-    decode = e2e - ttft if e2e is not None and ttft is not None else None
-    for histogram, value in ((m.server_request, e2e), (m.server_queue, queue),
-                             (m.server_prefill, prefill), (m.server_decode, decode)):
+    timing = server_timing.split(meta)  # the report's split too
+    if timing is None:
+        return
+    for histogram, value in ((m.server_request, timing.e2e), (m.server_queue, timing.queue),
+                             (m.server_prefill, timing.prefill), (m.server_decode, timing.decode)):
         if value is not None and value >= 0:
             histogram.record(value, attrs, context=ctx)
 

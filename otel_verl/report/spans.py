@@ -62,27 +62,13 @@ def clipped(intervals: Iterable[Tuple[int, int]], lo: int, hi: int) -> List[Tupl
 
 
 def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[float]]]:
-    """The server's view of one LLM call, in seconds, from the ``verl.llm.server.*``
-    attributes of its server span:
-    ``e2e`` (e2e_latency), ``queue`` (queue_time), ``prefill`` (time to first token minus
-    queue, the ttft read as :func:`otel_verl.server_timing.ttft_s` reads it;
-    prefill_launch_latency when there is none) and ``decode`` (e2e - queue - prefill, at
-    least 0). ``None`` when the server reported no e2e_latency; queue, prefill and decode
-    are ``None`` when it reported nothing but e2e_latency (sglang without its metrics)."""
+    """The server's view of one LLM call (:func:`otel_verl.server_timing.split`) from the
+    ``verl.llm.server.*`` attributes of its server span, as a dict: ``e2e``, ``queue``,
+    ``prefill``, ``decode`` in seconds; ``None`` when the server reported no e2e_latency."""
     prefix = sc.LLM_SERVER_META_PREFIX
     meta = {key[len(prefix):]: value for key, value in server_span["attributes"].items() if key.startswith(prefix)}
-    e2e = server_timing.number(meta.get(server_timing.E2E_LATENCY))
-    if e2e is None:
-        return None
-    if server_timing.timing_missing(meta):
-        return {"e2e": float(e2e), "queue": None, "prefill": None, "decode": None}
-    queue = float(server_timing.number(meta.get(server_timing.QUEUE_TIME)) or 0.0)
-    ttft = server_timing.ttft_s(meta)
-    if ttft is not None:
-        prefill = max(0.0, ttft - queue)
-    else:
-        prefill = float(server_timing.number(meta.get(server_timing.PREFILL_LAUNCH_LATENCY)) or 0.0)
-    return {"e2e": float(e2e), "queue": queue, "prefill": prefill, "decode": max(0.0, e2e - queue - prefill)}
+    timing = server_timing.split(meta)
+    return timing._asdict() if timing is not None else None
 
 
 class SpanIndex:
