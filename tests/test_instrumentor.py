@@ -60,6 +60,36 @@ def test_spans_go_to_the_provider_given_and_no_provider_is_built():
     assert out.strip() == "ok"
 
 
+def test_metrics_go_to_the_meter_provider_given():
+    out = _run("""
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from otel_verl import events
+        from otel_verl.instrumentation import VerlInstrumentor
+
+        provider, exporter = provider_with_exporter()
+        reader = InMemoryMetricReader()
+        meters = MeterProvider(metric_readers=[reader])
+        VerlInstrumentor().instrument(tracer_provider=provider, meter_provider=meters)
+        one_sample("u-1")
+        with events.trajectory("u-1", "0", step=1, agent_name="tool_agent"):
+            pass
+        names = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                 for sm in rm.scope_metrics for m in sm.metrics}
+        assert names["verl.samples"].data.data_points[0].value == 1
+        assert names["verl.trajectory.duration"].data.data_points[0].count == 1
+        VerlInstrumentor().uninstrument()
+        with events.trajectory("u-2", "0", step=1, agent_name="tool_agent"):
+            pass  # uninstrumented: no more metrics into the user's provider
+        names = {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                 for sm in rm.scope_metrics for m in sm.metrics}
+        assert names["verl.trajectory.duration"].data.data_points[0].count == 1
+        meters.shutdown()  # the user's to shut down, not otel_verl's
+        print("ok")
+    """, {"OTEL_VERL_ENABLED": "1"})
+    assert out.strip() == "ok"
+
+
 def test_without_a_provider_spans_go_to_the_global_one_even_set_later():
     out = _run("""
         from opentelemetry import trace

@@ -18,13 +18,17 @@ skipped with one warning; :func:`hooks.status` lists what was installed.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Collection, List
 
+from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_verl import events
 from otel_verl.instrumentation import hooks, tracing
 from otel_verl.instrumentation.package import _instruments
+
+logger = logging.getLogger("otel_verl")
 
 
 def all_hooks() -> List[hooks.Hook]:
@@ -55,10 +59,16 @@ def all_hooks() -> List[hooks.Hook]:
 
 
 class VerlInstrumentor(BaseInstrumentor):
-    """``instrument(tracer_provider=None, provider_for_role=None)``: spans go to
-    ``tracer_provider``; without one, to the provider ``provider_for_role(role)`` returns
-    when the first wrapper fires; without either, to the provider the events API already
-    reports to (``otel_verl.configure`` ran here), else to the global one."""
+    """``instrument(tracer_provider=None, meter_provider=None, provider_for_role=None)``:
+    spans go to ``tracer_provider``; without one, to the provider ``provider_for_role(role)``
+    returns when the first wrapper fires; without either, to the provider the events API
+    already reports to (``otel_verl.configure`` ran here), else to the global one.
+
+    With ``meter_provider``, the metrics of ``docs/SPANS.md`` ("Metrics") are recorded into
+    it as the spans end (a span processor added to the tracer provider: they are aggregates
+    of the spans); ``otel_verl.configure`` builds its own otherwise."""
+
+    _metrics: Any = None  # the metrics processor recording into the user's meter provider
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -71,6 +81,9 @@ class VerlInstrumentor(BaseInstrumentor):
         elif tracer_provider is not None or not events.enabled():
             tracing.use_provider(tracer_provider)
         # else configure() kept its own provider beside another library's global one: so do we
+        meter_provider = kwargs.get("meter_provider")
+        if meter_provider is not None:
+            self._metrics = _metrics_into(meter_provider, tracer_provider or trace.get_tracer_provider())
         hooks.install_all(all_hooks())
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -78,3 +91,20 @@ class VerlInstrumentor(BaseInstrumentor):
         # may report through it without the verl wrappers.
         hooks.uninstall_all()
         tracing.provide_on_first_use(None)
+        if self._metrics is not None:  # the tracer provider keeps it, recording nothing more
+            self._metrics.shutdown()
+            self._metrics = None
+
+
+def _metrics_into(meter_provider: Any, tracer_provider: Any) -> Any:
+    """A metrics processor recording into ``meter_provider``, on ``tracer_provider``'s spans."""
+    from otel_verl.exporters.metrics import SpanMetricsProcessor
+
+    add = getattr(tracer_provider, "add_span_processor", None)
+    if add is None:  # the API's proxy: no SDK provider to derive the metrics from
+        logger.warning("otel_verl: instrument(meter_provider=...) needs an SDK TracerProvider (tracer_provider=...) "
+                       "to derive its metrics from the spans; no metrics")
+        return None
+    processor = SpanMetricsProcessor(meter_provider=meter_provider)
+    add(processor)
+    return processor
