@@ -14,7 +14,7 @@ rollout lasts about a minute: every trajectory starts within the first second, a
 dispatches them, and the turns of a server end spread over the minute, so its requests
 overlap as a loaded engine's do.
 
-Then it times :func:`otel_verl.report.perfetto.write` on that trace dir (reading the
+Then it times :func:`otel_verl.tools.report.perfetto.write` on that trace dir (reading the
 files, laying out tracks, writing the trace) and prints the time and the file's size.
 For 1024 x 16 single-turn trajectories that is 89,099 spans.
 """
@@ -179,8 +179,8 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) ->
 
 
 def run(prompts: int, n: int, turns: int, keep: str | None = None) -> Dict[str, Any]:
-    from otel_verl.report import perfetto
-    from otel_verl.report.inputs import Lines, read_spans, resolve
+    from otel_verl.tools.report import perfetto
+    from otel_verl.tools.report.inputs import Lines, read_spans, resolve
 
     work = tempfile.mkdtemp(prefix="bench-perfetto-")
     try:

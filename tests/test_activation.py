@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from otel_verl import activation, settings
-from otel_verl.cli import launch_env
+from otel_verl.tools.cli import launch_env
 
 
 def test_runtime_env_adds_hook_and_forwards_tracing_variables():
@@ -142,7 +142,7 @@ def test_rollout_workers_offload_their_outputs_by_default():
 
 def test_cli_run_rejects_bad_config_without_traceback():
     env = {**os.environ, "OTEL_VERL_FLOW_STDOUT": "maybe"}
-    proc = subprocess.run([sys.executable, "-m", "otel_verl.cli", "run", "--", "true"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "otel_verl.tools.cli", "run", "--", "true"], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "OTEL_VERL_FLOW_STDOUT" in proc.stderr and "Traceback" not in proc.stderr
@@ -255,7 +255,7 @@ def test_launcher_activates_driver_actor_and_nested_actor(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
     env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "OTEL_VERL_RUN_ID": "launch-1"})
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_verl.cli", "run", "--trace-dir", str(tmp_path / "trace"), "--", sys.executable, str(script)],
+        [sys.executable, "-m", "otel_verl.tools.cli", "run", "--trace-dir", str(tmp_path / "trace"), "--", sys.executable, str(script)],
         env=env, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 7, proc.stderr[-3000:]  # the command's exit code passes through

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from otel_verl.cli import main
+from otel_verl.tools.cli import main
 from otel_verl.exporters.otlp_json_file import spans_from_files
 
 if __package__:  # tests/ is a package
@@ -56,7 +56,7 @@ def demo(tmp_path_factory):
     """One `otel-verl demo` run, as a user starts it (a subprocess of the installed CLI)."""
     trace_dir = tmp_path_factory.mktemp("cli_demo")
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_verl.cli", "demo", "--trace-dir", str(trace_dir),
+        [sys.executable, "-m", "otel_verl.tools.cli", "demo", "--trace-dir", str(trace_dir),
          "--steps", str(STEPS), "--prompts", str(PROMPTS), "--n", str(N)],
         capture_output=True, text=True, timeout=840, env=_subprocess_env(),
     )
@@ -222,7 +222,7 @@ def test_report_reads_otlp_files_and_dirs_alike(demo):
 def test_report_png_timeline(demo, tmp_path):
     from PIL import Image
 
-    from otel_verl.report import timeline
+    from otel_verl.tools.report import timeline
 
     trace_dir, spans = demo
     png = tmp_path / "timeline.png"
@@ -551,7 +551,7 @@ def test_doctor_on_this_machine(tmp_path):
     import importlib.util
 
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_verl.cli", "doctor", "--trace-dir", str(tmp_path / "trace")],
+        [sys.executable, "-m", "otel_verl.tools.cli", "doctor", "--trace-dir", str(tmp_path / "trace")],
         capture_output=True, text=True, timeout=300, env=_subprocess_env(COLUMNS="200"),
     )
     out = proc.stdout
@@ -628,12 +628,12 @@ def test_doctor_unreachable_and_reachable_endpoint(tmp_path):
         result = _doctor({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": "pigeon"})
         assert result.exit_code == 1
         [(problem, fix)] = _problem_lines(result)
-        assert "OTEL_EXPORTER_OTLP_PROTOCOL='pigeon'" in problem and "grpc or http/protobuf" in fix
+        assert "OTEL_EXPORTER_OTLP_PROTOCOL='pigeon'" in problem and "grpc, http/protobuf, http/json" in fix
         result = _doctor({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
                           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc-web"})
         [(problem, fix)] = _problem_lines(result)
         assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='grpc-web'" in problem  # the variable that holds it
-        assert fix.startswith("  fix: set OTEL_EXPORTER_OTLP_TRACES_PROTOCOL to grpc")
+        assert fix.startswith("  fix: set OTEL_EXPORTER_OTLP_TRACES_PROTOCOL to one of grpc")
 
 
 @pytest.mark.verl
@@ -658,7 +658,7 @@ def test_doctor_unwritable_trace_dir(tmp_path):
 
 @pytest.mark.verl
 def test_doctor_verl_outside_the_supported_range(monkeypatch, tmp_path):
-    import otel_verl.cli as cli_module
+    import otel_verl.tools.cli as cli_module
 
     real = cli_module._version
     monkeypatch.setattr(cli_module, "_version", lambda dist: "0.8.2" if dist == "verl" else real(dist))
@@ -793,7 +793,7 @@ def test_overrides_and_run_add_the_sglang_timing_override(tmp_path):
     main_ppo = ["-m", "verl.trainer.main_ppo", "actor_rollout_ref.rollout.name=sglang"]
 
     def run(*args):
-        proc = subprocess.run([sys.executable, "-m", "otel_verl.cli", "run", "--trace-dir", str(tmp_path), *args],
+        proc = subprocess.run([sys.executable, "-m", "otel_verl.tools.cli", "run", "--trace-dir", str(tmp_path), *args],
                               capture_output=True, text=True, timeout=120, env=_subprocess_env())
         assert proc.returncode == 0, proc.stderr
         return proc
@@ -808,7 +808,7 @@ def test_overrides_and_run_add_the_sglang_timing_override(tmp_path):
 
 
 def test_run_overrides_and_launch_env_still_work(tmp_path):
-    from otel_verl.cli import launch_env
+    from otel_verl.tools.cli import launch_env
 
     env = launch_env({"PATH": os.environ["PATH"]}, str(tmp_path))
     assert env["VERL_TRACE_DIR"] == str(tmp_path) and env["OTEL_VERL_RUN_ID"]
@@ -816,7 +816,7 @@ def test_run_overrides_and_launch_env_still_work(tmp_path):
     result = cli("overrides")
     assert result.exit_code == 0 and "worker_process_setup_hook=otel_verl.activation.worker_setup" in result.stdout
     proc = subprocess.run(
-        [sys.executable, "-m", "otel_verl.cli", "run", "--trace-dir", str(tmp_path), "--",
+        [sys.executable, "-m", "otel_verl.tools.cli", "run", "--trace-dir", str(tmp_path), "--",
          sys.executable, "-c", "import os, sys; print(os.environ['VERL_TRACE_DIR']); sys.exit(3)"],
         capture_output=True, text=True, timeout=120, env=_subprocess_env(),
     )

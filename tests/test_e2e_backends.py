@@ -8,7 +8,7 @@
    the trace; Jaeger, the collector's files
    and the demo's embedded OTLP-JSON files hold the same spans.
 2. Replaying the embedded files into a fresh Jaeger (``otelcol-replay.yaml``, and
-   ``otel_verl.replay`` over OTLP/HTTP) gives the same trees.
+   ``otel_verl.tools.replay`` over OTLP/HTTP) gives the same trees.
 3. Two Ray nodes (``ray start`` head + a second raylet, each with its own
    ``VERL_TRACE_DIR``): one sample's spans land in one trace with parents across nodes,
    and each node writes its own legacy files.
@@ -434,7 +434,7 @@ def test_replay_with_otelcol_into_a_fresh_jaeger_gives_the_same_trees(demo_throu
 @pytest.mark.e2e
 def test_replay_with_otel_verl_replay_into_a_fresh_jaeger_gives_the_same_trees(demo_through_collector, tmp_path):
     """The same through otel_verl's Python replay (OTLP/JSON POSTs to Jaeger's OTLP/HTTP)."""
-    replay_mod = pytest.importorskip("otel_verl.replay")
+    replay_mod = pytest.importorskip("otel_verl.tools.replay")
     d = demo_through_collector
     fresh = ob.start_jaeger(tmp_path / "jaeger-replay-py")
     try:

@@ -1,4 +1,4 @@
-"""otel_verl.hookcheck: the hook table checked on packages' source, never imported.
+"""otel_verl.tools.hookcheck: the hook table checked on packages' source, never imported.
 
 Synthetic sources pin down the lookup rules (imports, base classes, ``**kwargs``);
 then the real thing: verl's installed source for every verl hook, and the released
@@ -21,8 +21,8 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from otel_verl import engine_wheels, hookcheck
-from otel_verl.hookcheck import DirectoryTree, SourceTree, check_hook, check_hooks, hook_specs
+from otel_verl.tools import engine_wheels, hookcheck
+from otel_verl.tools.hookcheck import DirectoryTree, SourceTree, check_hook, check_hooks, hook_specs
 
 
 def _write(root, files: Dict[str, str]) -> str:
@@ -492,7 +492,7 @@ def test_doctor_reports_engine_sources(tmp_path, monkeypatch):
     a renamed parameter as a warning naming it."""
     from click.testing import CliRunner
 
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     _without_live_checks(monkeypatch, cli)
     generate = "class TokenizerManager:\n    async def generate_request(self, {param}, request=None):\n        yield {{}}\n"
@@ -534,7 +534,7 @@ def test_doctor_no_hooks_reads_only_the_sources_given(tmp_path, monkeypatch):
     """``--no-hooks`` (the quick check) leaves out the wheel cache, not an explicit source."""
     from click.testing import CliRunner
 
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     _without_live_checks(monkeypatch, cli)
     monkeypatch.setattr(cli, "_hook_checks", lambda: pytest.fail("--no-hooks imported verl"))
@@ -549,7 +549,7 @@ def test_doctor_no_hooks_reads_only_the_sources_given(tmp_path, monkeypatch):
 def test_doctor_without_engine_sources_says_where_it_looked(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     _without_live_checks(monkeypatch, cli)
     env = {**CLEAN_ENV, "VERL_TRACE_DIR": str(tmp_path / "trace"), "COLUMNS": "250",
@@ -562,7 +562,7 @@ def test_doctor_without_engine_sources_says_where_it_looked(tmp_path, monkeypatc
 def test_doctor_rejects_a_file_that_is_no_source(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     monkeypatch.setattr(cli, "_hook_checks", lambda: [])
     other = tmp_path / "sglang.tar.gz"
@@ -577,7 +577,7 @@ def test_doctor_on_a_doctored_copy_of_sglang(tmp_path, monkeypatch):
     with the hooked parameter renamed by a text replace: doctor names it."""
     from click.testing import CliRunner
 
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     monkeypatch.setattr(cli, "_hook_checks", lambda: [])
     real = engine_tree("sglang", "pinned")

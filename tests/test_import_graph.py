@@ -217,3 +217,64 @@ def test_carriers_never_import_the_configurator():
     reached = _reachable("otel_verl.carriers", import_graph())
     found = [_path("otel_verl.carriers", goal, reached) for goal in CONFIGURATOR if goal in reached]
     assert not found, "\n".join(found)
+
+
+TOOLS = ("otel_verl.tools",)  # doctor, report, replay and their helpers: never in a training process
+
+
+def test_the_runtime_never_imports_a_tool():
+    edges = import_graph()
+    starts = sorted({src for src, _, _ in edges if not _within(src, TOOLS)})
+    assert "otel_verl.bootstrap" in starts and "otel_verl.offload.host" in starts
+    found = []
+    for start in starts:
+        reached = _reachable(start, edges)
+        found += [_path(start, goal, reached) for goal in sorted(reached) if _within(goal, TOOLS)]
+    assert not found, "\n".join(found)
+
+
+def test_a_traced_process_and_its_export_process_load_no_tool_module(tmp_path):
+    """As a rollout worker runs: outputs in the process and, offloaded, in its export process
+    (whose modules it reports at exit), every output on."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import fault_workload as w
+
+    code = textwrap.dedent("""
+        import sys
+        import otel_verl, fault_workload as w
+        assert otel_verl.configure()
+        w.emit(1, w.new_uids(2), 2)
+        otel_verl.shutdown()
+        print("MODULES", " ".join(sorted(m for m in sys.modules if m.startswith("otel_verl"))))
+    """)
+    host_modules = tmp_path / "host_modules.txt"
+    # the export process inherits PYTHONPATH: a sitecustomize there writes its modules at exit
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import atexit, sys
+
+        def write_modules():
+            spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+            if spec is not None and spec.name == "otel_verl.offload.host":
+                with open({str(host_modules)!r}, "w") as f:
+                    f.write(" ".join(sorted(m for m in sys.modules if m.startswith("otel_verl"))))
+
+        atexit.register(write_modules)
+    """))
+    for offload in ("0", "1"):
+        env = w.clean_env({"VERL_TRACE_DIR": str(tmp_path / f"trace{offload}"), "OTEL_VERL_OFFLOAD": offload,
+                           "OTEL_VERL_OTLP_FILE": "1"})
+        env["PYTHONPATH"] = f"{probe}{os.pathsep}{env['PYTHONPATH']}"
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        [line] = [x for x in proc.stdout.splitlines() if x.startswith("MODULES ")]
+        loaded = line.split()[1:]
+        assert "otel_verl.exporters.trajectory_jsonl" in loaded or offload == "1"
+        assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded
+    loaded = host_modules.read_text().split()
+    assert "otel_verl.exporters.trajectory_jsonl" in loaded  # the export process wrote the outputs
+    assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded

@@ -125,7 +125,7 @@ def test_llm_server_queue_prefill_and_decode_from_the_engine_meta(reader):
      "prefill_launch_latency": 0.125},
 ], ids=["sglang_0_5_12", "older_sglang"])
 def test_the_server_split_of_the_metrics_is_the_reports(reader, meta):
-    from otel_verl.report.spans import server_split
+    from otel_verl.tools.report.spans import server_split
 
     with events.trajectory("u1", "t1", step=1, agent_name="a"):
         with events.llm_call([1]) as turn:
@@ -305,7 +305,7 @@ def test_an_unknown_metrics_exporter_is_an_error_and_no_metrics(tmp_path, monkey
 
 
 def test_doctor_says_where_the_metrics_go(tmp_path, monkeypatch):
-    from otel_verl import cli
+    from otel_verl.tools import cli
 
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):

@@ -101,7 +101,7 @@ def files_containing(root: str, needle: str) -> List[str]:
 
 
 def otel_verl_cli(*args: str, env: Dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "otel_verl.cli", *args], env=w.clean_env({**RAY_ENV, **env}),
+    return subprocess.run([sys.executable, "-m", "otel_verl.tools.cli", *args], env=w.clean_env({**RAY_ENV, **env}),
                           capture_output=True, text=True, timeout=timeout)
 
 

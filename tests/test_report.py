@@ -12,8 +12,8 @@ from otel_verl import bootstrap, events, health
 from otel_verl.exporters import metrics as m
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
-from otel_verl.report import build
-from otel_verl.report.inputs import read_counters
+from otel_verl.tools.report import build
+from otel_verl.tools.report.inputs import read_counters
 
 
 def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:

@@ -10,10 +10,10 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from otel_verl.cli import main
-from otel_verl.report import build
-from otel_verl.report.analysis import percentile
-from otel_verl.report.compare import build_comparison, compare
+from otel_verl.tools.cli import main
+from otel_verl.tools.report import build
+from otel_verl.tools.report.analysis import percentile
+from otel_verl.tools.report.compare import build_comparison, compare
 
 from otlp_runs import async_run, straggler_run
 

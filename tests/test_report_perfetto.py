@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 from google.protobuf import runtime_version
 
-from otel_verl.cli import main
+from otel_verl.tools.cli import main
 from otel_verl.exporters.otlp_json_file import spans_from_files
-from otel_verl.report import perfetto
+from otel_verl.tools.report import perfetto
 
 try:
     from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb

@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from otel_verl.cli import main
-from otel_verl.report import build
+from otel_verl.tools.cli import main
+from otel_verl.tools.report import build
 
 from otlp_runs import REPLICA_A, REPLICA_B, STRAGGLER, Run, async_run, straggler_run
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from otel_verl import semconv as sc, server_timing as st
-from otel_verl.report.analysis import server_split
+from otel_verl.tools.report.analysis import server_split
 
 WITH_METRICS_0_5_12 = {
     "e2e_latency": 1.5, "request_received_ts": 100.0, "api_server_dispatch_finish_ts": 100.125,
@@ -72,7 +72,7 @@ def test_report_split_from_older_keys_and_without_metrics():
 
 
 def test_a_trajectory_with_one_call_without_metrics_has_no_split_but_its_e2e():
-    from otel_verl.report.analysis import _Index, trajectory_split
+    from otel_verl.tools.report.analysis import _Index, trajectory_split
 
     def span(span_id, parent, name, attrs, start, end):
         return {"traceId": "t", "spanId": span_id, "parentSpanId": parent, "name": name, "attributes": attrs,

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from otel_verl import verl_config as vc
+from otel_verl.tools import verl_config as vc
 from otel_verl.server_timing import ENABLE_METRICS_KEY, ENABLE_METRICS_OVERRIDE, PROMETHEUS_ENABLE_KEY
 
 NAME = vc.ROLLOUT_NAME_KEY

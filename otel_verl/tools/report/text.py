@@ -8,7 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from otel_verl.report.compare import LATENCY_KEYS, shape_text
+from otel_verl.tools.report.compare import LATENCY_KEYS, shape_text
 
 
 def _s(value: Optional[float]) -> str:
@@ -28,7 +28,7 @@ SPLIT_COLUMNS = ["queue", "prefill", "decode", "client", "tools", "reward", "oth
 
 
 def _split_cells(t: Dict[str, Any]) -> List[str]:
-    """A trajectory's split (:func:`otel_verl.report.spans.trajectory_split`) under ``SPLIT_COLUMNS``."""
+    """A trajectory's split (:func:`otel_verl.tools.report.spans.trajectory_split`) under ``SPLIT_COLUMNS``."""
     server = t["llm_server_s"] or {}
     return [_s(server.get("queue")), _s(server.get("prefill")), _s(server.get("decode")),
             _s(server.get("client_overhead")), _s(t["tool_s"]), _s(t["reward_s"]), _s(t["other_s"])]
@@ -165,7 +165,7 @@ def _ratio(value: Optional[float]) -> str:
 
 
 def render_comparison(comparison: Dict[str, Any], console: Console) -> None:
-    """:func:`otel_verl.report.compare.compare`'s result as tables."""
+    """:func:`otel_verl.tools.report.compare.compare`'s result as tables."""
     for name in ("a", "b"):
         side = comparison[name]
         console.print(f"{name.upper()}: {', '.join(side['paths'])} (run {', '.join(side['runs']) or '-'}; "

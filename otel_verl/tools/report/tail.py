@@ -41,7 +41,7 @@ from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from otel_verl import semconv as sc
-from otel_verl.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex, clipped, is_llm_call, merged, stage_of,
+from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex, clipped, is_llm_call, merged, stage_of,
                                     trajectory_split, union_s)
 
 WAITING_STAGES = (sc.Stage.GENERATION.value, sc.Stage.FETCH_BATCH.value)  # the trainer waits for samples

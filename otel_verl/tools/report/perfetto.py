@@ -41,7 +41,7 @@ from heapq import heappop, heappush
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
-from otel_verl.report.inputs import InputError, Lines, Truncated, read_spans, resolve
+from otel_verl.tools.report.inputs import InputError, Lines, Truncated, read_spans, resolve
 
 DUPLICATE = "duplicate"
 NO_START_TIME = "no_start_time"

@@ -1,7 +1,7 @@
 """``otel-verl report --compare A B``: two runs side by side.
 
 Each of A and B is one run (a trace dir, a directory of OTLP-JSON files or one such
-file) read by :func:`otel_verl.report.analysis.build`. :func:`compare` puts their steps,
+file) read by :func:`otel_verl.tools.report.analysis.build`. :func:`compare` puts their steps,
 stages and rollout latency percentiles next to each other with the ratio B/A:
 
 - ``steps``: each step both runs have, its ``verl.step`` duration in A and B;
@@ -13,7 +13,7 @@ stages and rollout latency percentiles next to each other with the ratio B/A:
   n, steps) or stages differ, and ``summary``, the line that says so.
 
 A ratio is ``None`` where either side is missing or A's is 0. :func:`draw` draws the
-comparison PNG (matplotlib, as :mod:`otel_verl.report.timeline`).
+comparison PNG (matplotlib, as :mod:`otel_verl.tools.report.timeline`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from otel_verl.report.analysis import build
-from otel_verl.report.timeline import DPI, require_matplotlib
+from otel_verl.tools.report.analysis import build
+from otel_verl.tools.report.timeline import DPI, require_matplotlib
 
 SHAPE_KEYS = ("trainer", "layout", "mode", "prompts", "n", "steps")
 LATENCY_KEYS = ("count", "p50_s", "p90_s", "p99_s", "max_s")
@@ -62,7 +62,7 @@ def _listed(value: Any) -> str:
 
 
 def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
-    """Two reports of :func:`otel_verl.report.analysis.build` side by side (see the module
+    """Two reports of :func:`otel_verl.tools.report.analysis.build` side by side (see the module
     docstring for the keys)."""
     a_steps = {row["step"]: row for row in a["steps"]}
     b_steps = {row["step"]: row for row in b["steps"]}
@@ -117,7 +117,7 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def build_comparison(path_a: str, path_b: str) -> Dict[str, Any]:
-    """Read both runs and :func:`compare` them; an :class:`~otel_verl.report.InputError`
+    """Read both runs and :func:`compare` them; an :class:`~otel_verl.tools.report.InputError`
     names the path that is no run."""
     return compare(build([path_a], top=0, unfinished_limit=0), build([path_b], top=0, unfinished_limit=0))
 

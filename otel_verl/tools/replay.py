@@ -9,7 +9,7 @@ ids), or as protobuf (``application/x-protobuf``) after
 answer fails the line. Every file is read and checked before the first request, so bad
 input sends nothing.
 
-    from otel_verl.replay import replay
+    from otel_verl.tools.replay import replay
     result = replay(["/data/trace"], "http://localhost:4318")
     assert result.lines_failed == 0
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from otel_verl.exporters.otlp_json_file import to_protobuf_json
-from otel_verl.report.inputs import InputError, Lines, count_spans, iter_lines, resolve
+from otel_verl.tools.report.inputs import InputError, Lines, count_spans, iter_lines, resolve
 
 PROTOCOLS = ("json", "protobuf")
 _CONTENT_TYPE = {"json": "application/json", "protobuf": "application/x-protobuf"}

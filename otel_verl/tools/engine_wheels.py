@@ -1,6 +1,6 @@
 """The inference engines' released wheels, kept in a local cache to read their source.
 
-sglang and vLLM need a GPU to import, so :mod:`otel_verl.hookcheck` reads their source
+sglang and vLLM need a GPU to import, so :mod:`otel_verl.tools.hookcheck` reads their source
 from the wheels instead. The versions worth checking are the ones the installed verl
 pins in its extras (``verl[sglang]``, ``verl[vllm]``) and the newest on the registry.
 
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from otel_verl.hookcheck import WheelTree, wheel_name_version
+from otel_verl.tools.hookcheck import WheelTree, wheel_name_version
 
 ENGINES = ("sglang", "vllm")
 CACHE_ENV = "OTEL_VERL_WHEEL_CACHE"

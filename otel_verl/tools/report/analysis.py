@@ -20,9 +20,9 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
   start row without a span, where the end lines agree, is a trajectory still running).
 - **tail**: per step the critical-path trajectory, the busiest and idlest LLM server
   replica and each side's waiting time; the staleness of the trained samples
-  (:mod:`otel_verl.report.tail` defines them).
+  (:mod:`otel_verl.tools.report.tail` defines them).
 - **shape**: trainer, layout, sync or async, prompts per step, n, steps (what
-  :mod:`otel_verl.report.compare` tells two runs apart by).
+  :mod:`otel_verl.tools.report.compare` tells two runs apart by).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as metric_names
-from otel_verl.report import tail
-from otel_verl.report.inputs import InputError, Inputs, Lines, read_counters, read_loss_files, read_spans, resolve
-from otel_verl.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory,
+from otel_verl.tools.report import tail
+from otel_verl.tools.report.inputs import InputError, Inputs, Lines, read_counters, read_loss_files, read_spans, resolve
+from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory,
                                     stage_of as _stage_of, training_trajectories, trajectory_split,
                                     union_s as _union_s)
-from otel_verl.report.spans import server_split  # noqa: F401  (callers import it from here)
+from otel_verl.tools.report.spans import server_split  # noqa: F401  (callers import it from here)
 
 FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
 STAGE_ORDER = [s.value for s in sc.Stage]
@@ -297,7 +297,7 @@ def shape_section(spans: List[Dict[str, Any]], fit: Dict[str, Any], trainer: Opt
 
 
 def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
-    """The whole report as a JSON-ready dict (see :mod:`otel_verl.report` for its keys);
+    """The whole report as a JSON-ready dict (see :mod:`otel_verl.tools.report` for its keys);
     ``unfinished_limit`` caps the listed unfinished samples (``None``: all)."""
     inputs = resolve(paths)
     lines = Lines()

@@ -17,17 +17,17 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
 - ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`;
 - ``tail``: per step the critical-path trajectory and its replica, the busiest and idlest
   replica, the training and rollout sides' waits, and the staleness histogram
-  (:mod:`otel_verl.report.tail` defines them);
+  (:mod:`otel_verl.tools.report.tail` defines them);
 - ``shape``: trainer, layout, sync / async, prompts per step, n, steps.
 
-:func:`otel_verl.report.compare.build_comparison` reads two runs and puts them side by side
+:func:`otel_verl.tools.report.compare.build_comparison` reads two runs and puts them side by side
 (``otel-verl report --compare A B``).
 
-:func:`otel_verl.report.text.render` prints it as tables; :func:`otel_verl.report.timeline.draw`
+:func:`otel_verl.tools.report.text.render` prints it as tables; :func:`otel_verl.tools.report.timeline.draw`
 draws the PNG.
 """
 
-from otel_verl.report.analysis import build
-from otel_verl.report.inputs import InputError
+from otel_verl.tools.report.analysis import build
+from otel_verl.tools.report.inputs import InputError
 
 __all__ = ["build", "InputError"]

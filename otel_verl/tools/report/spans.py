@@ -68,7 +68,9 @@ def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[flo
     prefix = sc.LLM_SERVER_META_PREFIX
     meta = {key[len(prefix):]: value for key, value in server_span["attributes"].items() if key.startswith(prefix)}
     timing = server_timing.split(meta)
-    return timing._asdict() if timing is not None else None
+    if timing is None:
+        return None
+    return {"e2e": timing.e2e, "queue": timing.queue, "prefill": timing.prefill, "decode": timing.decode}
 
 
 class SpanIndex:

@@ -50,7 +50,7 @@ def run(trace_dir: str | None, sglang_timing: bool, command: Tuple[str, ...]) ->
 
 
 def _sglang_timing_overrides(command: Tuple[str, ...]) -> list:
-    from otel_verl.verl_config import run_overrides
+    from otel_verl.tools.verl_config import run_overrides
 
     added = run_overrides(command)
     if added:
@@ -67,7 +67,7 @@ def launch_env(base: "os._Environ[str] | dict", trace_dir: str | None = None) ->
     if trace_dir:
         env[settings.TRACE_DIR] = os.path.abspath(trace_dir)
     env.setdefault(settings.RUN_ID, uuid.uuid4().hex)
-    site_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sitecustomize")
+    site_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_sitecustomize")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (site_dir, env.get("PYTHONPATH", "")) if p)
     return env
 
@@ -192,13 +192,13 @@ def _hook_checks() -> list:
     """Install every hook in this process, import the verl modules they target, read
     :func:`hooks.status`. Import noise (verl's warnings) is swallowed. A hook whose
     module cannot be imported here (it imports sglang or vLLM) is checked on the
-    installed source instead (:mod:`otel_verl.hookcheck`)."""
+    installed source instead (:mod:`otel_verl.tools.hookcheck`)."""
     import contextlib
     import importlib
     import io
     import warnings
 
-    from otel_verl import hookcheck
+    from otel_verl.tools import hookcheck
     from otel_verl.instrumentation import all_hooks, hooks
 
     targets = all_hooks()
@@ -243,7 +243,7 @@ def _hook_checks() -> list:
 
 def _source_detail(result, with_source: bool = True) -> str:
     """A :class:`hookcheck.HookSource` in words."""
-    from otel_verl import hookcheck
+    from otel_verl.tools import hookcheck
 
     if result.state == hookcheck.UNAVAILABLE:
         return f"{result.detail} (see engine sources)"
@@ -257,7 +257,7 @@ def _engine_source_checks(paths: Tuple[str, ...], fetch: bool) -> list:
     in ``paths``, else the wheel cache (filled first when ``fetch``: verl's pinned versions
     and the newest). For sglang also: which of the ``meta_info`` keys the trajectory
     file's timings read it writes."""
-    from otel_verl import engine_wheels, hookcheck
+    from otel_verl.tools import engine_wheels, hookcheck
     from otel_verl.instrumentation import all_hooks
 
     checks = []
@@ -298,7 +298,7 @@ def _engine_source_checks(paths: Tuple[str, ...], fetch: bool) -> list:
 
 
 def _fetch_engine_wheels() -> list:
-    from otel_verl import engine_wheels
+    from otel_verl.tools import engine_wheels
 
     checks = []
     pinned = engine_wheels.pinned_versions()
@@ -373,10 +373,11 @@ def _settings_checks(env: dict) -> tuple:
         from otel_verl import bootstrap
 
         try:
-            bootstrap._otlp_exporter().shutdown()  # the exporter a run would build
+            bootstrap._otlp_exporter(cfg).shutdown()  # the exporter a run would build
         except settings.ConfigError as exc:
             var = str(exc).split("=", 1)[0]
-            checks.append(_Check("settings", "OTLP protocol", FAIL, str(exc), f"set {var} to grpc or http/protobuf, or unset it"))
+            checks.append(_Check("settings", "OTLP protocol", FAIL, str(exc),
+                                 f"set {var} to one of {', '.join(settings.OTLP_PROTOCOLS)}, or unset it"))
         except Exception as exc:  # noqa: BLE001 - a broken exporter install is a finding
             checks.append(_Check("settings", "OTLP exporter", FAIL, f"{type(exc).__name__}: {exc}",
                                  "pip install -U opentelemetry-exporter-otlp"))
@@ -408,7 +409,7 @@ def _settings_checks(env: dict) -> tuple:
 def _verl_config_checks(sources: Tuple[str, ...]) -> list:
     """What the verl launch in ``sources`` (``--config``) means for the traced outputs.
     An unreadable source is a usage error."""
-    from otel_verl import verl_config
+    from otel_verl.tools import verl_config
 
     try:
         values = verl_config.read(sources)
@@ -519,13 +520,13 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     file exporter's); with --compare two runs, A and B."""
     import json
 
-    from otel_verl.report import build
+    from otel_verl.tools.report import build
 
     if compare and len(paths) != 2:
         raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
 
     if png:  # before reading the run, which may take a while
-        from otel_verl.report.timeline import MatplotlibMissing, require_matplotlib
+        from otel_verl.tools.report.timeline import MatplotlibMissing, require_matplotlib
 
         try:
             require_matplotlib()
@@ -534,7 +535,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     if perfetto_path:
         if compare:
             raise click.ClickException("--perfetto writes one run: give it without --compare")
-        from otel_verl.report.perfetto import PerfettoMissing, require_perfetto
+        from otel_verl.tools.report.perfetto import PerfettoMissing, require_perfetto
 
         try:
             require_perfetto()
@@ -546,7 +547,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     data = _read_runs(paths, lambda: build(list(paths), top=top, unfinished_limit=None if as_json else 20))
     _warn_truncated(data["inputs"]["truncated_files"])
     if png:
-        from otel_verl.report.timeline import draw
+        from otel_verl.tools.report.timeline import draw
 
         data["png"] = _draw_png(png, lambda: draw(data, png))
     written = _write_perfetto(paths, perfetto_path) if perfetto_path else None
@@ -555,7 +556,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    from otel_verl.report.text import render
+    from otel_verl.tools.report.text import render
 
     _print_rich(lambda console: render(data, console))
     if png:
@@ -566,7 +567,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
 def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
     """``read()``, with what is wrong with the input as a one-line error."""
-    from otel_verl.report import InputError
+    from otel_verl.tools.report import InputError
 
     try:
         return read()
@@ -589,7 +590,7 @@ def _draw_png(png: str, draw: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _write_perfetto(paths: Tuple[str, ...], path: str) -> Any:
-    from otel_verl.report import InputError, perfetto
+    from otel_verl.tools.report import InputError, perfetto
 
     try:
         return perfetto.write(list(paths), path)
@@ -600,7 +601,7 @@ def _write_perfetto(paths: Tuple[str, ...], path: str) -> Any:
 def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -> None:
     import json
 
-    from otel_verl.report import compare
+    from otel_verl.tools.report import compare
 
     data = _read_runs(paths, lambda: compare.build_comparison(*paths))
     _warn_truncated(data["a"]["truncated_files"] + data["b"]["truncated_files"])
@@ -609,7 +610,7 @@ def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    from otel_verl.report.text import render_comparison
+    from otel_verl.tools.report.text import render_comparison
 
     _print_rich(lambda console: render_comparison(data, console))
     if png:
@@ -631,8 +632,8 @@ def replay(files: Tuple[str, ...], endpoint: str, protocol: str, headers: Tuple[
            retries: int, progress: bool | None) -> None:
     """Send OTLP-JSON FILES (or trace dirs / directories of them) to a collector, Jaeger or
     Tempo over OTLP/HTTP. Exits 1 when some lines could not be sent."""
-    from otel_verl.replay import replay as run_replay
-    from otel_verl.report import InputError
+    from otel_verl.tools.replay import replay as run_replay
+    from otel_verl.tools.report import InputError
 
     header_map = {}
     for item in headers:
