@@ -287,7 +287,7 @@ def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:
             return OTLPMetricExporter(endpoint=endpoint)  # a full URL, from the traces' one
         return OTLPMetricExporter()
     else:
-        raise ValueError(f"OTLP protocol {protocol!r}: expected grpc or http/protobuf")
+        raise ValueError(f"OTLP protocol {protocol!r}: the SDK's metric exporters take grpc or http/protobuf")
     return OTLPMetricExporter() if own or os.environ.get(settings_mod.OTLP_ENDPOINT) else OTLPMetricExporter(endpoint=endpoint)
 
 
@@ -348,10 +348,8 @@ def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
     of its CPU), or with ``OTEL_VERL_OTLP_EXPORTER=sdk`` the SDK's."""
     protocol = settings_mod.otlp_protocol("TRACES")
     if cfg.otlp_exporter != "sdk":
-        from otel_verl.exporters.otlp_exporter import PROTOCOLS, OtlpSpanExporter
+        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
 
-        if protocol not in PROTOCOLS:
-            raise settings_mod.ConfigError(f"OTLP protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
         return OtlpSpanExporter(protocol=protocol)
     from otel_verl.exporters.otlp import RequestSplittingExporter
 
@@ -360,7 +358,8 @@ def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
     elif protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:  # the SDK's HTTP exporter sends protobuf only
-        raise settings_mod.ConfigError(f"OTLP protocol {protocol!r}: the SDK's exporters take grpc or http/protobuf")
+        raise settings_mod.ConfigError(f"{settings_mod.OTLP_EXPORTER}=sdk: the SDK's exporters take grpc or "
+                                       f"http/protobuf, not {protocol!r}")
     return RequestSplittingExporter(OTLPSpanExporter())
 
 

@@ -113,14 +113,21 @@ def _otlp_exporter(env: Mapping[str, str], name: str, default: str) -> str:
     return value
 
 
+OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")
+
+
 def otlp_protocol(signal: str, env: Optional[Mapping[str, str]] = None, endpoint: Optional[str] = None) -> str:
     """The OTLP protocol of ``signal`` (``TRACES``, ``METRICS``): its own variable, else
-    ``OTEL_EXPORTER_OTLP_PROTOCOL``; neither set, guessed from ``endpoint`` (else the
-    signal's or the general endpoint variable): port 4318 or a ``/v1/`` path is what an
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (another value than :data:`OTLP_PROTOCOLS` raises
+    :class:`ConfigError`, naming the variable); neither set, guessed from ``endpoint`` (else
+    the signal's or the general endpoint variable): port 4318 or a ``/v1/`` path is what an
     OTLP/HTTP receiver serves, anything else gets gRPC, the SDK's default."""
     env = os.environ if env is None else env
     for variable in (f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = (env.get(variable) or "").strip().lower()
+        raw = env.get(variable) or ""
+        protocol = raw.strip().lower()
+        if protocol not in ("", *OTLP_PROTOCOLS):
+            raise ConfigError(f"{variable}={raw!r}: expected one of {', '.join(OTLP_PROTOCOLS)}")
         if protocol:
             return protocol
     if endpoint is None:

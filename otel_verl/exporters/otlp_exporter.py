@@ -58,6 +58,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
 from otel_verl import health
+from otel_verl.settings import OTLP_PROTOCOLS
 from otel_verl.exporters.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of
 from otel_verl.version import __version__
 
@@ -68,7 +69,7 @@ logger = logging.getLogger("otel_verl")
 MAX_REQUEST_BYTES = 4 * 1024 * 1024 - 64 * 1024
 
 GRPC, HTTP_PROTOBUF, HTTP_JSON = "grpc", "http/protobuf", "http/json"
-PROTOCOLS = (GRPC, HTTP_PROTOBUF, HTTP_JSON)
+PROTOCOLS = OTLP_PROTOCOLS  # (GRPC, HTTP_PROTOBUF, HTTP_JSON)
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
 TRACES_PATH = "v1/traces"
