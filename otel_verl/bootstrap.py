@@ -113,10 +113,6 @@ def is_configured() -> bool:
     return _provider is not None
 
 
-def current_settings() -> Optional[settings_mod.Settings]:
-    return _settings
-
-
 def provider() -> Any:
     return _provider
 

@@ -129,11 +129,6 @@ def notes() -> Dict[str, int]:
         return dict(_notes)
 
 
-def total_dropped() -> int:
-    with _lock:
-        return sum(_dropped.values())
-
-
 def reset() -> None:
     """Forget all counters (tests, and a forked child starting afresh)."""
     global _served

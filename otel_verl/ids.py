@@ -60,7 +60,13 @@ def well_formed(text: str) -> str:
         return text
     except UnicodeEncodeError:
         health.record_failures("text.lone_surrogate", 1, "(written as U+FFFD)")
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return repair_text(text)
+
+
+def repair_text(text: str) -> str:
+    """``text`` with each lone surrogate as U+FFFD, as a decoder shows bytes it cannot read
+    (uncounted: the caller counts where it writes)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def id_list(values: Any) -> List[str]:

@@ -117,11 +117,11 @@ class SpanRecord:
 
         return ReadableSpan(
             name=self.name, context=self.context, parent=self.parent, resource=self.resource,
-            attributes=_bounded(self.attributes, self.dropped_attributes),
-            events=_dropping([Event(e.name, _bounded(e.attributes, e.dropped_attributes), e.timestamp)
-                              for e in self.events], self.dropped_events),
-            links=_dropping([Link(link.context, _bounded(link.attributes, link.dropped_attributes))
-                             for link in self.links], self.dropped_links),
+            attributes=bounded_attributes(self.attributes, self.dropped_attributes),
+            events=bounded_list([Event(e.name, bounded_attributes(e.attributes, e.dropped_attributes), e.timestamp)
+                                 for e in self.events], self.dropped_events),
+            links=bounded_list([Link(link.context, bounded_attributes(link.attributes, link.dropped_attributes))
+                                for link in self.links], self.dropped_links),
             kind=self.kind, status=self.status, start_time=self.start_time, end_time=self.end_time,
             instrumentation_scope=self.scope,
         )
@@ -157,7 +157,7 @@ def _dropped(attributes: Any) -> int:
     return int(getattr(attributes, "dropped", 0) or 0)
 
 
-def _bounded(attributes: Dict[str, Any], dropped: int) -> Any:
+def bounded_attributes(attributes: Dict[str, Any], dropped: int) -> Any:
     """Attributes as the SDK keeps them when some were dropped (its ``dropped_*``
     properties read the count off them); else the plain dict."""
     if not dropped:
@@ -169,7 +169,8 @@ def _bounded(attributes: Dict[str, Any], dropped: int) -> Any:
     return bounded
 
 
-def _dropping(items: list, dropped: int) -> Any:
+def bounded_list(items: list, dropped: int) -> Any:
+    """``items`` as the SDK keeps a span's events or links when some were dropped."""
     if not dropped:
         return items
     from opentelemetry.sdk.util import BoundedList

@@ -153,4 +153,6 @@ def test_close_counts_what_was_not_written_by_its_deadline(tmp_path, monkeypatch
     writer.close(0.3)
     assert time.monotonic() - started < 2
     assert writer.dropped_lines == 3 and health.snapshot()["dropped"] == {"test_output": 3}
-    release.set()
+    release.set()  # the hung write fails on its closed file: counted once, by close
+    writer._thread.join(5)
+    assert writer.dropped_lines == 3 and health.snapshot()["dropped"] == {"test_output": 3}

@@ -39,7 +39,10 @@ import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
+from opentelemetry.sdk.trace import SpanProcessor
+
 from otel_verl import health, settings
+from otel_verl.ids import repair_text
 
 Render = Callable[[], Tuple[str, str]]  # -> (path, text made of whole lines)
 
@@ -88,7 +91,7 @@ class BackgroundWriter:
         self.written_lines = 0
         self.dropped_lines = 0
         self._closed = False
-        self._files: Dict[str, _OpenFile] = {}  # by path, oldest first
+        self._files: Dict[str, OpenFile] = {}  # by path, oldest first
         self._start_empty()
         _live_writers.add(self)
 
@@ -100,6 +103,7 @@ class BackgroundWriter:
         self._finished = 0  # of them written or counted
         self._wanted = 0  # jobs a flush or checkpoint waits for: the thread must not linger
         self._writing = 0  # lines the thread is writing now
+        self._writing_counted = False  # close() counted them as lost: a late failure is not counted again
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ caller side
@@ -141,14 +145,8 @@ class BackgroundWriter:
                 self._cond.notify_all()
 
         def wait(timeout_s: Optional[float] = None) -> bool:
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             with self._cond:
-                while self._finished < mark:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(left)
-            return True
+                return self._cond.wait_for(lambda: self._finished >= mark, timeout_s)
 
         return wait
 
@@ -164,6 +162,7 @@ class BackgroundWriter:
         with self._cond:
             self._closed = True
             late = self._writing + sum(n_lines for _, n_lines, _ in self._jobs)
+            self._writing_counted = self._writing > 0  # the write that hangs: counted here, not again
             self._finished += len(self._jobs)
             self._jobs.clear()
             self._pending_bytes = 0
@@ -235,44 +234,28 @@ class BackgroundWriter:
             self.written_lines += n_lines
         except OSError as exc:
             self._forget_fd(path)
-            self._count_dropped(n_lines, f"{path}: {exc.strerror or exc}")
+            if not self._writing_counted:
+                self._count_dropped(n_lines, f"{path}: {exc.strerror or exc}")
         except Exception as exc:
             health.record_failure(f"{self.output}.write", exc)
-            self._count_dropped(n_lines, f"{path}: {type(exc).__name__}")
+            if not self._writing_counted:
+                self._count_dropped(n_lines, f"{path}: {type(exc).__name__}")
 
     def _utf8(self, text: str) -> bytes:
         return utf8(text, self.output)
 
     def _fd(self, path: str) -> int:
         file = self._files.get(path)
-        if file is not None and not self._still_at(path, file):
+        if file is not None and not file.still_at(path, self.reopen_check_s):
             self._forget_fd(path)
             file = None
         if file is None:
             make_dirs(os.path.dirname(path))
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-            file = self._files[path] = _OpenFile(fd, os.fstat(fd), time.monotonic())
+            file = self._files[path] = OpenFile(fd)
             if len(self._files) > MAX_OPEN_FILES:
                 self._forget_fd(next(iter(self._files)))
         return file.fd
-
-    def _still_at(self, path: str, file: _OpenFile) -> bool:
-        """Whether ``path`` still names the open ``file``. Called for every batch of
-        lines: a deleted file (lines written to it would be lost) is seen at once by its
-        link count; the path itself is looked up only every ``reopen_check_s``."""
-        if os.fstat(file.fd).st_nlink == 0:
-            return False
-        now = time.monotonic()
-        if now - file.checked_at < self.reopen_check_s:
-            return True
-        file.checked_at = now
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        except OSError:
-            return True  # cannot tell (no permission to look): keep writing where we are
-        return (st.st_dev, st.st_ino) == (file.dev, file.ino)
 
     def _forget_fd(self, path: str) -> None:
         file = self._files.pop(path, None)
@@ -291,6 +274,24 @@ class BackgroundWriter:
         health.record_dropped(self.output, n_lines, reason)
 
 
+class WriterProcessor(SpanProcessor):
+    """A span processor whose lines a :class:`BackgroundWriter` (``self.writer``; ``None``:
+    it writes no file) writes: its flush, checkpoint and shutdown are the writer's."""
+
+    writes_files = True  # a flush of the export process waits for it (offload.host)
+    writer: Optional["BackgroundWriter"] = None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.writer.flush(timeout_millis / 1000.0) if self.writer is not None else True
+
+    def checkpoint(self) -> Callable[[Optional[float]], bool]:
+        return self.writer.checkpoint() if self.writer is not None else written_at_once
+
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        if self.writer is not None:
+            self.writer.close(close_timeout_s(timeout_millis))
+
+
 def utf8(text: str, output: str) -> bytes:
     """``text`` as UTF-8. A lone surrogate (``json.loads`` makes one of ``"\\ud800"``, and
     a model picks tool names) is written as U+FFFD, as a decoder would show the bytes it
@@ -299,7 +300,7 @@ def utf8(text: str, output: str) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError:
         health.record_failures(f"{output}.lone_surrogate", 1, "(written as U+FFFD)")
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
+        return repair_text(text).encode("utf-8")
 
 
 # Characters that end a line for some reader (log shippers read one record per line)
@@ -316,16 +317,35 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
-class _OpenFile:
-    """A file the writer holds open, and which file it is: a path that names another
+class OpenFile:
+    """A file held open for appending, and which file it is: a path that names another
     file (or none) was moved or deleted, and is opened again."""
 
     __slots__ = ("fd", "dev", "ino", "checked_at")
 
-    def __init__(self, fd: int, st: os.stat_result, checked_at: float) -> None:
+    def __init__(self, fd: int) -> None:
+        st = os.fstat(fd)
         self.fd = fd
         self.dev, self.ino = st.st_dev, st.st_ino
-        self.checked_at = checked_at  # time.monotonic() of the last look at the path
+        self.checked_at = time.monotonic()  # of the last look at the path
+
+    def still_at(self, path: str, reopen_check_s: float) -> bool:
+        """Whether ``path`` still names this file. Called before every write: a deleted
+        file (what is written to it is lost) is seen at once by its link count; the path
+        itself is looked up only every ``reopen_check_s`` (a renamed or replaced file)."""
+        if os.fstat(self.fd).st_nlink == 0:
+            return False
+        now = time.monotonic()
+        if now - self.checked_at < reopen_check_s:
+            return True
+        self.checked_at = now
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError:
+            return True  # cannot tell (no permission to look): keep writing where we are
+        return (st.st_dev, st.st_ino) == (self.dev, self.ino)
 
 
 def append_whole(fd: int, data: bytes) -> None:

@@ -159,14 +159,8 @@ class BatchExportProcessor(SpanProcessor):
             self._cond.notify_all()
 
         def wait(timeout_s: Optional[float] = None) -> bool:
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             with self._cond:
-                while self.done < mark:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return False
-                    self._cond.wait(left)
-            return True
+                return self._cond.wait_for(lambda: self.done >= mark, timeout_s)
 
         return wait
 

@@ -34,6 +34,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_verl import health
+from otel_verl.ids import repair_text
 from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable
 
 # Bounds of the caches: a process has one resource and a few scopes; attribute keys are
@@ -89,11 +90,6 @@ def sdk_encodes_scope_details() -> bool:
                          instrumentation_scope=InstrumentationScope("probe", None, "https://probe", {"a": 1}))
     scope_spans = encode_spans([probe]).resource_spans[0].scope_spans[0]
     return bool(scope_spans.schema_url or scope_spans.scope.attributes)
-
-
-def repair_text(text: str) -> str:
-    """``text`` with each lone surrogate as U+FFFD (as ``otel_verl.ids.well_formed``)."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 # --------------------------------------------------------------------------- protobuf

@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
@@ -33,7 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import health
-from otel_verl.exporters._writer import FILE_MODE, REOPEN_CHECK_S, append_whole, make_dirs, output_pid
+from otel_verl.exporters._writer import FILE_MODE, REOPEN_CHECK_S, OpenFile, append_whole, make_dirs, output_pid
 from otel_verl.exporters.otlp_encoding import JsonEncoder, records_of
 
 logger = logging.getLogger("otel_verl")
@@ -59,13 +58,12 @@ class OtlpJsonFileExporter(SpanExporter):
         self.max_file_bytes = max_file_bytes
         self._host = socket.gethostname()
         self._lock = threading.Lock()  # the BSP thread and a force_flush caller may both export
-        self._fd = -1
+        self._file: Optional[OpenFile] = None
         self._pid = 0
         self._index = 0
         self._size = 0
         self.path: Optional[str] = None
         self.reopen_check_s = reopen_check_s
-        self._checked_at = 0.0  # time.monotonic() of the last look at the path
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         """Write the batch (span records, or SDK ``ReadableSpan``s) as one line."""
@@ -102,31 +100,13 @@ class OtlpJsonFileExporter(SpanExporter):
     # ------------------------------------------------------------------ files
 
     def _append(self, data: bytes) -> None:
-        if self._fd >= 0 and self._pid == output_pid() and not self._still_at_path():
+        file = self._file
+        if file is not None and self._pid == output_pid() and not file.still_at(self.path, self.reopen_check_s):
             self._close()  # opened again at its path below, with the same name
-        if self._fd < 0 or self._pid != output_pid() or self._size >= self.max_file_bytes:
+        if self._file is None or self._pid != output_pid() or self._size >= self.max_file_bytes:
             self._open_next()
-        append_whole(self._fd, data)  # a torn last line would break every reader
+        append_whole(self._file.fd, data)  # a torn last line would break every reader
         self._size += len(data)
-
-    def _still_at_path(self) -> bool:
-        """Whether the open file is still the one at its path. A deleted one (what is
-        written to it is lost) is seen at once by its link count; the path itself is
-        looked up only every ``reopen_check_s`` (a renamed or replaced file)."""
-        st = os.fstat(self._fd)
-        if st.st_nlink == 0:
-            return False
-        now = time.monotonic()
-        if now - self._checked_at < self.reopen_check_s:
-            return True
-        self._checked_at = now
-        try:
-            at_path = os.stat(self.path)  # type: ignore[arg-type]
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        except OSError:
-            return True  # cannot tell (no permission to look): keep writing where we are
-        return (at_path.st_dev, at_path.st_ino) == (st.st_dev, st.st_ino)
 
     def _open_next(self) -> None:
         """Open the file to append to: the first one, the next one when the current is
@@ -135,7 +115,7 @@ class OtlpJsonFileExporter(SpanExporter):
         pid = output_pid()
         if pid != self._pid:
             self._index = 0
-        elif self._fd >= 0:  # open and full: rotate
+        elif self._file is not None:  # open and full: rotate
             self._index += 1
         self._close()
         self._pid = pid
@@ -150,16 +130,15 @@ class OtlpJsonFileExporter(SpanExporter):
                 break
             os.close(fd)
             self._index += 1
-        self._fd, self._size, self.path = fd, size, path
-        self._checked_at = time.monotonic()
+        self._file, self._size, self.path = OpenFile(fd), size, path
 
     def _close(self) -> None:
-        if self._fd >= 0:
+        if self._file is not None:
             try:
-                os.close(self._fd)
+                os.close(self._file.fd)
             except OSError:
                 pass
-            self._fd = -1
+            self._file = None
 
 
 # --------------------------------------------------------------------------- encoding

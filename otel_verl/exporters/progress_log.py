@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, TextIO
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, one_line,
-                                        write_discovery_file, written_at_once)
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, one_line,
+                                        write_discovery_file)
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject, Layout, Stage
 
@@ -128,10 +128,9 @@ def task_completed_line(span: Any, data: Any) -> str:
     return f"Task {uid}/{traj} is completed, score={score} status=Finished"
 
 
-class ProgressLogProcessor(SpanProcessor):
+class ProgressLogProcessor(WriterProcessor):
     """Prints the progress lines of this process's spans; files them under a trace dir."""
 
-    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects = frozenset({Subject.FIT, Subject.STEP, Subject.STEP_STAGE})  # the spans it reads
     on_end_subjects = frozenset({Subject.STEP, Subject.STEP_STAGE, Subject.TRAJECTORY})
 
@@ -188,16 +187,6 @@ class ProgressLogProcessor(SpanProcessor):
         except Exception as exc:
             health.record_failure("progress_log.on_end", exc)
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.writer.flush(timeout_millis / 1000.0) if self.writer is not None else True
-
-    def checkpoint(self):
-        """See :meth:`BackgroundWriter.checkpoint` (stdout lines are written at once)."""
-        return self.writer.checkpoint() if self.writer is not None else written_at_once
-
-    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
-        if self.writer is not None:
-            self.writer.close(close_timeout_s(timeout_millis))
 
     def _step_stage(self, span: Any) -> StepStage:
         attrs = span.attributes

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, one_line,
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, one_line,
                                         output_pid, write_discovery_file)
 from otel_verl.payload import Payload, payload_of
 from otel_verl.semconv import Subject, Stage
@@ -312,12 +312,11 @@ class ValidationScope:
         return bool(self._span_ids) and span.parent is not None and span.parent.span_id in self._span_ids
 
 
-class SampleCsvProcessor(SpanProcessor):
+class SampleCsvProcessor(WriterProcessor):
     """Writes the sample-flow CSV rows of the spans of this process."""
 
     # The spans it reads (IsolatingSpanProcessor hands it no others): the starts it writes
     # rows for, and every end (the validation scope needs them).
-    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects = frozenset(ROWS_AT_START)
     on_end_subjects = frozenset(Subject)
 
@@ -376,14 +375,6 @@ class SampleCsvProcessor(SpanProcessor):
         except Exception as exc:
             health.record_failure("sample_csv.on_end", exc)
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.writer.flush(timeout_millis / 1000.0)
-
-    def checkpoint(self):
-        return self.writer.checkpoint()
-
-    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
-        self.writer.close(close_timeout_s(timeout_millis))
 
     def _write(self, groups: List[Rows]) -> None:
         n_rows = sum(len(rows.trajs) for rows in groups)

@@ -24,10 +24,10 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_verl import health, semconv as sc, server_timing as st, settings
-from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, close_timeout_s, output_pid,
+from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, output_pid,
                                         write_discovery_file)
 from otel_verl.ids import sample_index
 from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
@@ -43,10 +43,9 @@ MAX_TEXT_CHARS = settings.DEFAULT_JSONL_MAX_TEXT_CHARS
 ID_BYTES = 6  # a token id in a line: its decoded text and its share of the JSON around it
 
 
-class TrajectoryJsonlProcessor(SpanProcessor):
+class TrajectoryJsonlProcessor(WriterProcessor):
     """Writes ``{trace_dir}/trajectory/trajectory_{pid}_{YYYYmmdd_HHMMSS}_{mmm}.jsonl``."""
 
-    writes_files = True  # a flush of the export process waits for it (offload.host)
     on_start_subjects: frozenset = frozenset()  # the spans it reads
     on_end_subjects = frozenset({Subject.TRAJECTORY})
 
@@ -86,14 +85,6 @@ class TrajectoryJsonlProcessor(SpanProcessor):
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         return self._files.path_for(size), text
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.writer.flush(timeout_millis / 1000.0)
-
-    def checkpoint(self):
-        return self.writer.checkpoint()
-
-    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
-        self.writer.close(close_timeout_s(timeout_millis))
 
 
 class _TrajectoryFiles:

@@ -50,15 +50,14 @@ import pickle
 import struct
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from otel_verl.payload import Payload, TrajectoryData, TurnData
+from otel_verl.record import bounded_attributes, bounded_list
 from otel_verl.semconv import Subject
 
 VERSION = 3  # of this wire format: a change to any message below needs a new one
@@ -366,11 +365,12 @@ class Rebuilder:
             context=_span_context(snapshot.context),
             parent=_span_context(snapshot.parent) if snapshot.parent is not None else None,
             resource=self.resource,
-            attributes=_attributes(snapshot.attributes, snapshot.dropped_attributes),
-            events=_dropping([Event(e.name, _attributes(e.attributes, e.dropped_attributes), e.timestamp)
-                              for e in snapshot.events], snapshot.dropped_events),
-            links=_dropping([Link(_span_context(link.context), _attributes(link.attributes, link.dropped_attributes))
-                             for link in snapshot.links], snapshot.dropped_links),
+            attributes=bounded_attributes(snapshot.attributes, snapshot.dropped_attributes),
+            events=bounded_list([Event(e.name, bounded_attributes(e.attributes, e.dropped_attributes), e.timestamp)
+                                 for e in snapshot.events], snapshot.dropped_events),
+            links=bounded_list([Link(_span_context(link.context),
+                                     bounded_attributes(link.attributes, link.dropped_attributes))
+                                for link in snapshot.links], snapshot.dropped_links),
             kind=snapshot.kind,
             status=Status(snapshot.status_code, snapshot.status_description),
             start_time=snapshot.start_time,
@@ -391,19 +391,3 @@ def _span_context(context: ContextSnapshot) -> SpanContext:
                        TraceState(list(context.trace_state)) if context.trace_state else None)
 
 
-def _attributes(attributes: Dict[str, Any], dropped: int) -> Any:
-    """The attributes as the SDK keeps them when some were dropped (the ``dropped_*``
-    properties read the count off them); else the plain dict."""
-    if not dropped:
-        return attributes
-    bounded = BoundedAttributes(attributes=attributes, immutable=True)
-    bounded.dropped = dropped
-    return bounded
-
-
-def _dropping(items: List[Any], dropped: int) -> Any:
-    if not dropped:
-        return items
-    bounded = BoundedList.from_seq(None, items)
-    bounded.dropped = dropped
-    return bounded
