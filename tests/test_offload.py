@@ -303,6 +303,19 @@ def test_an_export_process_that_keeps_dying_gives_way_to_outputs_written_here(pi
     assert len(said) == 1, said
 
 
+def test_an_export_process_that_cannot_start_gives_way_to_outputs_written_here(pipelines, tmp_path, monkeypatch):
+    def no_process(self):
+        raise OSError("no process to be had")
+
+    monkeypatch.setattr(OffloadSpanProcessor, "_spawn", no_process)
+    p = pipelines()
+    assert p.offload._in_process is not None and p.offload._child is None
+    fault_workload.emit(1, UIDS, 4)
+    assert p.provider.force_flush()
+    assert _outputs(tmp_path / "there") == _outputs(tmp_path / "here")
+    assert health.snapshot() == {"failures": {"offload.start": 1}, "dropped": {}}
+
+
 def test_with_no_outputs_to_fall_back_on_later_spans_are_counted_not_raised(pipelines):
     p = pipelines()
     p.offload.max_restarts_per_minute = 0

@@ -80,3 +80,24 @@ def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tm
     assert [(c["legacy"], c["trajectory_spans"], c["verdict"]) for c in checks] == [
         (1, 1, "consistent"), (1, 1, "consistent"),
         (2, 1, "1 started and never finished: running when the run ended, or their process died")]
+
+
+def test_a_trace_dir_whose_spans_went_to_a_collector_still_reports_its_losses(tmp_path):
+    """With an endpoint set a trace dir holds the legacy files and the loss files, no spans:
+    the report still shows what each process lost (OTLP's losses above all)."""
+    from otel_verl.exporters.loss_file import LossFileProcessor
+    from otel_verl.tools.report import InputError
+
+    health.record_dropped("otlp", 7, "the collector refused")
+    LossFileProcessor(str(tmp_path), {"verl.role": "trainer"}).shutdown()
+    report = build([str(tmp_path)])
+    assert report["inputs"]["spans"] == 0
+    assert report["losses"]["recorded"] == {"dropped": {"otlp": 7}, "failures": {}}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    try:
+        build([str(empty)])
+    except InputError as exc:
+        assert "no OTLP-JSON files" in str(exc)
+    else:
+        raise AssertionError("a directory with nothing to read is an error")

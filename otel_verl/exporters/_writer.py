@@ -49,6 +49,9 @@ Render = Callable[[], Tuple[str, str]]  # -> (path, text made of whole lines)
 LINGER_S = 0.05
 MAX_OPEN_FILES = 16  # hourly and rotated files: only recent ones stay open
 REOPEN_CHECK_S = 1.0  # how often a path is looked up to see whether its file was moved
+# What a queued job holds besides its text: its tuple, the render closure and its cells, the
+# text's object header (a progress line of 84 characters holds about 550 bytes)
+JOB_BYTES = 480
 FILE_MODE = 0o644  # ordinary permissions: never world-writable
 DEFAULT_MAX_PENDING_BYTES = settings.DEFAULT_MAX_QUEUE_MB << 20
 DIR_MODE = 0o755
@@ -112,6 +115,7 @@ class BackgroundWriter:
         """Queue ``render`` (called on the writer thread), whose text is about ``n_bytes``.
         ``False`` when refused. A job larger than the whole bound is taken when nothing
         else waits or is being written: it could never be written otherwise."""
+        n_bytes += JOB_BYTES
         with self._cond:
             refused = self._closed or (self._pending_bytes > 0 and self._pending_bytes + n_bytes > self.max_pending_bytes)
             if not refused:

@@ -225,7 +225,7 @@ class OffloadSpanProcessor(SpanProcessor):
             self._child = self._spawn()
         except Exception as exc:
             health.record_failure("offload.start", exc)
-            self._stop(f"the export process could not start ({type(exc).__name__}: {exc})")
+            self._fall_back(f"the export process could not start ({type(exc).__name__}: {exc})")
             return
         self._sender.start()
 

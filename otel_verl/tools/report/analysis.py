@@ -302,7 +302,8 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
     inputs = resolve(paths)
     lines = Lines()
     spans = read_spans(inputs.otlp_files, lines)
-    if not spans:
+    # a trace dir whose spans went to a collector only still has its legacy files and counters
+    if not spans and not (inputs.loss_files or inputs.sample_csv or inputs.metric_files):
         raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
     index = _Index(spans)
     stage_order, steps = steps_section(spans)

@@ -44,11 +44,17 @@ class Inputs:
 
 
 def _otlp_files_in(directory: str) -> List[str]:
+    if not os.path.isdir(directory):
+        return []
     return sorted(
         os.path.join(directory, name)
         for name in os.listdir(directory)
         if name.endswith(OTLP_SUFFIXES) and os.path.isfile(os.path.join(directory, name))
     )
+
+
+# what makes a directory a trace dir: its span files, its legacy files or its counters
+TRACE_DIR_PARTS = ("otlp", "sample", "progress", "trajectory", METRICS_DIR, LOSSES_DIR)
 
 
 def resolve(paths: Sequence[str]) -> Inputs:
@@ -65,17 +71,19 @@ def resolve(paths: Sequence[str]) -> Inputs:
             continue
         if not os.path.isdir(path):
             raise InputError(f"{path}: not a file or directory")
-        otlp_dir = os.path.join(path, "otlp")
-        if os.path.isdir(otlp_dir):  # a trace dir (otel_verl's, or a collector run dir)
-            files = _otlp_files_in(otlp_dir)
+        if any(os.path.isdir(os.path.join(path, part)) for part in TRACE_DIR_PARTS):
+            # a trace dir (otel_verl's, or a collector run dir); the spans may have gone to a
+            # collector only, leaving the legacy files and the counters here
+            files = _otlp_files_in(os.path.join(path, "otlp"))
             out.sample_csv += sorted(glob.glob(os.path.join(path, "sample", "*.csv")))
             out.progress_logs += sorted(glob.glob(os.path.join(path, "progress", "*.log")))
             out.trajectory_jsonl += sorted(glob.glob(os.path.join(path, "trajectory", "*.jsonl")))
             out.metric_files += sorted(glob.glob(os.path.join(path, METRICS_DIR, "*.jsonl")))
             out.loss_files += sorted(glob.glob(os.path.join(path, LOSSES_DIR, "*.json")))
+            found = files or out.sample_csv or out.progress_logs or out.loss_files or out.metric_files
         else:
-            files = _otlp_files_in(path)
-        if not files:
+            files = found = _otlp_files_in(path)
+        if not found:
             raise InputError(f"{path}: no OTLP-JSON files (expected {os.path.join(path, 'otlp', '*.jsonl')} or *.jsonl / *.json in it)")
         out.otlp_files += files
     return out
