@@ -34,9 +34,11 @@ from typing import Any, Dict, List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "tests"))  # otlp_runs: spans as OTLP-JSON
 
 from otel_verl import semconv as sc  # noqa: E402
 from otel_verl.ids import trace_id_for_uid  # noqa: E402
+from otlp_runs import otlp_attributes  # noqa: E402
 
 WORKERS, SERVERS = 8, 8
 SAMPLE_STAGES = ("reward", "old_log_prob", "ref_log_prob", "adv", "update_actor")
@@ -53,26 +55,10 @@ def expected_spans(prompts: int, n: int, turns: int) -> int:
     return 2 + len(STEP_STAGES) + prompts * (2 + len(SAMPLE_STAGES)) + prompts * n * (3 + 2 * turns + (turns - 1))
 
 
-def _value(value: Any) -> Dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, list):
-        return {"arrayValue": {"values": [_value(v) for v in value]}}
-    return {"stringValue": str(value)}
-
-
-def _attributes(attributes: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [{"key": key, "value": _value(value)} for key, value in attributes.items()]
-
-
 class _Process:
     def __init__(self, role: str, pid: int, run_id: str) -> None:
         self.pid = pid
-        self.resource = {"attributes": _attributes({
+        self.resource = {"attributes": otlp_attributes({
             sc.SERVICE_NAME: sc.service_name(role), sc.SERVICE_NAMESPACE: "verl",
             sc.SERVICE_INSTANCE_ID: str(uuid.uuid4()), sc.ROLE: role, sc.RUN_ID: run_id,
             sc.HOST_NAME: "node-0", sc.PROCESS_PID: pid})}
@@ -83,7 +69,7 @@ class _Process:
         span_id = span_id or "%016x" % rng.getrandbits(64)
         span = {"traceId": "%032x" % trace_id, "spanId": span_id, "name": name, "kind": kind,
                 "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-                "attributes": _attributes(attributes), "status": {}}
+                "attributes": otlp_attributes(attributes), "status": {}}
         if parent:
             span["parentSpanId"] = parent
         self.spans.append(span)

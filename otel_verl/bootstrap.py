@@ -185,7 +185,7 @@ def output_processors(cfg: settings_mod.Settings, resource_attributes: Optional[
     if cfg.trace_dir:
         from otel_verl.exporters.loss_file import LossFileProcessor
 
-        processors.append(LossFileProcessor(cfg.trace_dir, resource_attributes))
+        processors.append(LossFileProcessor(cfg.trace_dir, resource_attributes, outputs=processors))
     return processors
 
 

@@ -25,7 +25,8 @@ def server_resource(actor_id: str) -> Dict[str, Any]:
             sc.RAY_ACTOR_ID: actor_id}
 
 
-def _any_value(value: Any) -> Dict[str, Any]:
+def any_value(value: Any) -> Dict[str, Any]:
+    """A Python value as an OTLP-JSON ``AnyValue``."""
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
@@ -33,12 +34,13 @@ def _any_value(value: Any) -> Dict[str, Any]:
     if isinstance(value, float):
         return {"doubleValue": value}
     if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
+        return {"arrayValue": {"values": [any_value(v) for v in value]}}
     return {"stringValue": str(value)}
 
 
-def _attributes(attrs: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [{"key": k, "value": _any_value(v)} for k, v in attrs.items()]
+def otlp_attributes(attrs: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A dict as OTLP-JSON attributes (``[{"key", "value"}]``)."""
+    return [{"key": k, "value": any_value(v)} for k, v in attrs.items()]
 
 
 class Run:
@@ -65,7 +67,7 @@ class Run:
             "kind": 1,
             "startTimeUnixNano": str(ns(start * self.scale)),
             "endTimeUnixNano": str(ns(end * self.scale)),
-            "attributes": _attributes(attrs or {}),
+            "attributes": otlp_attributes(attrs or {}),
             "status": {},
         }
         self.spans.setdefault(key, (resource, []))[1].append(span)
@@ -134,7 +136,7 @@ class Run:
         os.makedirs(os.path.join(trace_dir, "otlp"), exist_ok=True)
         with open(os.path.join(trace_dir, "otlp", "spans.jsonl"), "w", encoding="utf-8") as f:
             for resource, spans in self.spans.values():
-                line = {"resourceSpans": [{"resource": {"attributes": _attributes(resource)},
+                line = {"resourceSpans": [{"resource": {"attributes": otlp_attributes(resource)},
                                            "scopeSpans": [{"scope": {"name": "otel_verl"}, "spans": spans}]}]}
                 f.write(json.dumps(line) + "\n")
         return trace_dir

@@ -117,7 +117,7 @@ def test_report_text_on_the_demo(demo):
         assert heading in out
     assert f"Samples: {STEPS * PROMPTS} verl.sample roots (trained {STEPS * PROMPTS})" in out
     assert "never finished: none" in out
-    assert "Loss counters: dropped none; failures none (the metric files of " in out
+    assert "Loss counters: dropped none; failures none (the loss files of " in out
     assert out.count(" consistent") == 3
 
 

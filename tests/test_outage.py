@@ -207,7 +207,7 @@ def loss_file_dropped(trace) -> Dict[str, int]:
     return total
 
 
-def report_dropped(trace) -> Dict[str, int]:
+def report_losses(trace) -> Dict[str, Dict[str, int]]:
     """``otel-verl report DIR --json``'s loss counters (the console script beside this
     interpreter, as a user runs it)."""
     command = os.path.join(os.path.dirname(sys.executable), "otel-verl")
@@ -217,7 +217,11 @@ def report_dropped(trace) -> Dict[str, int]:
     proc = subprocess.run([command, "report", str(trace), "--json"], env=w.clean_env({}), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)["losses"]["recorded"]["dropped"]
+    return json.loads(proc.stdout)["losses"]["recorded"]
+
+
+def report_dropped(trace) -> Dict[str, int]:
+    return report_losses(trace)["dropped"]
 
 
 def metric_dropped(trace) -> Dict[str, int]:
@@ -463,3 +467,79 @@ def test_the_loss_figures_agree_with_health_after_sigterm_during_a_flood(tmp_pat
     logged = AT_SHUTDOWN.search(flood.stderr.read_text())
     assert logged, flood.stderr.read_text()[-4000:]
     assert_loss_figures_agree(flood.trace, ast.literal_eval(logged.group(1)))
+
+
+# --------------------------------------------------------------------------- a whole demo run
+
+DEMO_STEPS, DEMO_PROMPTS, DEMO_N = 2, 8, 4
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["http503", "silent"])
+def test_a_demo_run_against_a_collector_that_is_down_writes_every_legacy_line(tmp_path, mode):
+    """The traced CPU demo (real verl on Ray: trainer, rollout workers with their export
+    processes, LLM servers, reward workers) sending OTLP to a collector that refuses or
+    never answers, with otel_verl's defaults: every trajectory's JSONL line, CSV rows and
+    Task line are written, and what OTLP lost is counted in the loss files and the report."""
+    from demo_checks import csv_rows, jsonl_lines, progress_lines
+    from demo_process import run_in_child
+
+    trace = tmp_path / "trace"
+    with w.fault_server(mode) as port:
+        summary = run_in_child("demo", {"trace_dir": str(trace), "steps": DEMO_STEPS, "prompts": DEMO_PROMPTS,
+                                        "n": DEMO_N, "agent": "tool"}, str(tmp_path / "run"),
+                               env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                                    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                                    "OTEL_VERL_OTLP_FILE": "1"})  # the spans produced, to account for
+        wait_for_export_processes_of(trace)  # they finish the rollout workers' outputs after Ray ended them
+    assert summary["steps_run"] == DEMO_STEPS
+    trajectories = DEMO_STEPS * DEMO_PROMPTS * DEMO_N
+    assert len(jsonl_lines(str(trace))) == trajectories
+    rows = csv_rows(str(trace))
+    for detail in ("agent_task_started", "agent_run_completed"):
+        assert sum(r["fields"]["detail"] == detail for r in rows) == trajectories, detail
+    assert sum(line.startswith("Task ") for line in progress_lines(str(trace))) == trajectories
+    # OTLP delivered nothing: every span the run produced (the OTLP-JSON files hold them) is
+    # counted lost, as dropped, or as still held by a process Ray ended without its shutdown
+    produced = len(w.otlp_spans(w.file_lines(str(trace))["otlp"]))
+    dropped = loss_file_dropped(trace)
+    unsent = loss_file_unsent(trace)
+    assert set(dropped) <= {"otlp"} and set(unsent) <= {"otlp", "otlp_json_file"}  # no legacy line lost
+    assert dropped.get("otlp", 0) + unsent.get("otlp", 0) == produced > 0
+    recorded = report_losses(trace)  # the report reads the trace dir, spans or not
+    assert recorded["dropped"] == dropped and recorded.get("unsent", {}) == unsent
+
+
+def loss_file_unsent(trace) -> Dict[str, int]:
+    """What the outputs of processes that did not shut down still held at their last write."""
+    total: Dict[str, int] = {}
+    for loss in loss_files(trace):
+        if not loss["final"]:
+            for name, n in loss.get("pending", {}).items():
+                total[name] = total.get(name, 0) + n
+    return total
+
+
+def wait_for_export_processes_of(trace, timeout_s: float = 60.0) -> None:
+    """Until no export process writing into ``trace`` runs (their outputs are finished)."""
+    deadline = time.monotonic() + timeout_s
+    marker = f"VERL_TRACE_DIR={trace}".encode()
+    while time.monotonic() < deadline:
+        running = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"otel_verl.offload.host" not in f.read():
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    running = running or marker in f.read().split(b"\0")
+            except OSError:
+                continue
+        if not running:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"export processes of {trace} still running after {timeout_s} s")

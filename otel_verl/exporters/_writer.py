@@ -133,6 +133,10 @@ class BackgroundWriter:
             self._count_dropped(n_lines, "writer closed" if self._closed else "writer queue full (disk too slow?)")
         return not refused
 
+    def pending_lines(self) -> int:
+        with self._cond:
+            return self._writing + sum(n_lines for _, n_lines, _ in self._jobs)
+
     def write(self, path: str, text: str, n_lines: int) -> bool:
         """Queue ``text`` (whole lines) for ``path``."""
         return self.submit(lambda: (path, text), n_lines, len(text))
@@ -287,6 +291,10 @@ class WriterProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.writer.flush(timeout_millis / 1000.0) if self.writer is not None else True
+
+    def pending(self) -> Dict[str, int]:
+        """Lines queued or being written, neither written nor counted yet."""
+        return {self.writer.output: self.writer.pending_lines()} if self.writer is not None else {}
 
     def checkpoint(self) -> Callable[[Optional[float]], bool]:
         return self.writer.checkpoint() if self.writer is not None else written_at_once

@@ -150,6 +150,11 @@ class BatchExportProcessor(SpanProcessor):
             self._count_dropped_locked(1)
         health.record_dropped(self.output, 1, why)
 
+    def pending(self) -> Dict[str, int]:
+        """Spans handed in and neither exported nor counted yet (queued, or in an export)."""
+        with self._cond:
+            return {self.output: self.handed - self.done}
+
     def checkpoint(self) -> Callable[[Optional[float]], bool]:
         """Everything handed in so far, exported or counted: returns a wait for that
         (``wait(timeout_s)`` -> whether it happened in time), asking for it now."""

@@ -12,7 +12,10 @@ its last message and what the export process counted, so it survives the worker.
 ``otel-verl report`` sums the files of a run.
 
 A file holds ``{"pid", "host", "resource", "final", "time_unix_nano", "dropped",
-"failures", "notes"}``; ``final`` says whether the process shut its outputs down.
+"failures", "notes", "pending"}``; ``final`` says whether the process shut its outputs
+down, ``pending`` what its outputs still held, neither written nor counted (spans an
+endpoint that does not answer has not refused yet, lines on their way to the disk): a
+process killed after its last write took at most those with it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -43,8 +46,10 @@ class LossFileProcessor(SpanProcessor):
     writes_files = True  # a flush of the export process writes it (offload.host)
 
     def __init__(self, trace_dir: str, resource_attributes: Optional[Dict[str, Any]] = None, *,
-                 interval_s: float = 1.0) -> None:
+                 outputs: Sequence[Any] = (), interval_s: float = 1.0) -> None:
         self.directory = os.path.join(trace_dir, DIRECTORY)
+        # the outputs whose pending() (output name -> items held) the file says
+        self.outputs = [output for output in outputs if callable(getattr(output, "pending", None))]
         self.resource = {key: resource_attributes[key] for key in _RESOURCE_KEYS
                          if resource_attributes and key in resource_attributes}
         self.interval_s = interval_s
@@ -83,23 +88,36 @@ class LossFileProcessor(SpanProcessor):
         """Writes the counters when they changed since the last write (or ``final``)."""
         counts = health.totals()
         notes = health.notes()
+        pending = {} if final else self._pending()
         with self._lock:
-            if not final and (counts, notes) == self._written:
+            if not final and (counts, notes, pending) == self._written:
                 return True
             try:
                 make_dirs(self.directory)
                 path = self.path
                 temporary = f"{path}.{os.getpid()}.tmp"
                 text = json.dumps({"pid": output_pid(), "host": self._host, "resource": self.resource, "final": final,
-                                   "time_unix_nano": time.time_ns(), **counts, "notes": notes}, sort_keys=True)
+                                   "time_unix_nano": time.time_ns(), **counts, "notes": notes,
+                                   "pending": pending}, sort_keys=True)
                 fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text + "\n")
                 os.replace(temporary, path)
             except OSError:  # the files' own writers count what the disk refused
                 return False
-            self._written = (counts, notes)
+            self._written = (counts, notes, pending)
         return True
+
+    def _pending(self) -> Dict[str, int]:
+        out: Dict[str, int] = {}
+        for output in self.outputs:
+            try:
+                for name, n in output.pending().items():
+                    if n:
+                        out[name] = out.get(name, 0) + n
+            except Exception as exc:
+                health.record_failure("loss_file.pending", exc)
+        return out
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -246,11 +246,12 @@ def _loss_counters(inputs: Inputs) -> Tuple[Optional[Dict[str, Dict[str, int]]],
     (``None`` without either), and a line saying what they are."""
     if inputs.loss_files:
         counts, processes, unfinished = read_loss_files(inputs.loss_files)
-        recorded = {kind: dict(sorted((name, n) for name, n in named.items() if n)) for kind, named in counts.items()}
+        recorded = {kind: dict(sorted((name, n) for name, n in named.items() if n)) for kind, named in counts.items()
+                    if kind != "unsent" or any(named.values())}
         source = f"the loss files of {processes} process{'es' if processes != 1 else ''}"
         if unfinished:
             source += (f"; {unfinished} did not shut down (killed, or still running): their counts as of "
-                       "their last second")
+                       "their last second, and unsent what their outputs still held then")
     elif inputs.metric_files:
         counters, processes = read_counters(inputs.metric_files, (metric_names.DROPPED, metric_names.FAILURES))
         recorded = {kind: {"/".join(labels): n for labels, n in sorted(counters[name].items()) if n}

@@ -166,16 +166,19 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
 
 
 def read_loss_files(files: Sequence[str]) -> Tuple[Dict[str, Dict[str, int]], int, int]:
-    """``({"dropped": {...}, "failures": {...}}, processes, processes that did not shut
-    down)`` summed over the loss files of a run; a file being replaced while it is read
-    (one is written to a temporary name and renamed) counts as unreadable."""
-    totals: Dict[str, Dict[str, int]] = {"dropped": {}, "failures": {}}
+    """``({"dropped": {...}, "failures": {...}, "unsent": {...}}, processes, processes that
+    did not shut down)`` summed over the loss files of a run. ``unsent``: what the outputs of
+    the processes that did not shut down still held at their last write (a process killed
+    then lost them, uncounted). A file being replaced while it is read (one is written to a
+    temporary name and renamed) counts as unreadable."""
+    totals: Dict[str, Dict[str, int]] = {"dropped": {}, "failures": {}, "unsent": {}}
     unfinished = 0
     for path in files:
         try:
             with open(path, encoding="utf-8") as f:
                 obj = json.load(f)
-            counts = {kind: dict(obj.get(kind) or {}) for kind in totals}
+            counts = {"dropped": dict(obj.get("dropped") or {}), "failures": dict(obj.get("failures") or {}),
+                      "unsent": {} if obj.get("final") else dict(obj.get("pending") or {})}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise InputError(f"{path}: not a loss file ({type(exc).__name__}: {exc})") from None
         unfinished += not obj.get("final")
