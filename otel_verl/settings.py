@@ -58,9 +58,11 @@ FORWARDED_NAMES = (TRACE_DIR, "DLC_JOB_ID")
 # Kubernetes sends SIGKILL 30 s after SIGTERM; the process itself may need the rest.
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 # Each queue (a writer's lines, a batch processor's spans, a rollout worker's spans on their
-# way to its export process) holds at most this much: a few seconds of a 1024 x 16 step's
-# spans, tens of MB a process however long a collector or a disk stalls.
-DEFAULT_MAX_QUEUE_MB = 32
+# way to its export process) holds at most this much: tens of MB a process however long a
+# collector or a disk stalls, and room for a rollout worker's burst (1024 trajectories of 4
+# turns ending at once overflowed 32 MB while the export process caught up:
+# benchmarks/bench_worker_wrappers.py).
+DEFAULT_MAX_QUEUE_MB = 64
 DEFAULT_JSONL_MAX_TEXT_CHARS = 1 << 20
 
 

@@ -90,7 +90,7 @@ def test_core_switch_bad_value_raises_even_in_process():
     ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "loud", "capture_content", False),
     ("OTEL_VERL_JSONL_MAX_MB", "-3", "jsonl_max_bytes", 100 * 1024 * 1024),
     ("OTEL_VERL_MAX_OPEN_SAMPLES", "many", "max_open_samples", 1 << 16),
-    ("OTEL_VERL_MAX_QUEUE_MB", "0", "max_queue_bytes", 32 << 20),
+    ("OTEL_VERL_MAX_QUEUE_MB", "0", "max_queue_bytes", 64 << 20),
     ("OTEL_VERL_JSONL_MAX_TEXT_CHARS", "-1", "jsonl_max_text_chars", 1 << 20),
     ("OTEL_VERL_OTLP_FILE", "yes please", "otlp_file", None),
     ("OTEL_VERL_OFFLOAD", "sometimes", "offload", None),

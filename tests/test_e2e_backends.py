@@ -778,9 +778,9 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, [32 << 20, 1 << 20, 512]),  # bounded in bytes: a 1024 x 16 step's bursts fit
-    ({"OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, [32 << 20, 4096, 512]),  # the user's setting wins
-    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20000"}, [32 << 20, 1 << 20, 20000]),
+    ({}, [64 << 20, 1 << 20, 512]),  # bounded in bytes: a 1024 x 16 step's bursts fit
+    ({"OTEL_BSP_MAX_QUEUE_SIZE": "4096"}, [64 << 20, 4096, 512]),  # the user's setting wins
+    ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "20000"}, [64 << 20, 1 << 20, 20000]),
     ({"OTEL_VERL_MAX_QUEUE_MB": "8"}, [8 << 20, 1 << 20, 512]),
 ])
 def test_otel_verl_default_span_queue(env, expected, tmp_path):

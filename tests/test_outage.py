@@ -320,8 +320,9 @@ def test_a_hung_export_process_costs_bounded_memory_and_every_span_is_written_or
     """SIGSTOP the export process right after a flush (all it got is written), then flood
     as fast as the process goes: what follows is never written, so every span of it must
     be counted, while it happens; the queue's bound holds the memory."""
-    flood = Flood(tmp_path, {"OTEL_VERL_OFFLOAD": "1", "OTEL_VERL_SHUTDOWN_TIMEOUT_S": "3"}, seconds=5, pace_s=0,
-                  stop_export_at=20)
+    # as fast as it goes until the queue (the default bound) is full and drops, then 2 s more
+    flood = Flood(tmp_path, {"OTEL_VERL_OFFLOAD": "1", "OTEL_VERL_SHUTDOWN_TIMEOUT_S": "3"}, seconds=2, pace_s=0,
+                  stop_export_at=20, until_dropping=["offload"])
     try:
         result = flood.wait_result(90)
         assert flood.wait_exit(30) == 0, flood.stderr.read_text()[-4000:]

@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import health
 from otel_verl.deadline import Call, Deadline, Late
+from otel_verl.settings import DEFAULT_MAX_QUEUE_MB
 
 logger = logging.getLogger("otel_verl")
 
@@ -88,7 +89,7 @@ class BatchExportProcessor(SpanProcessor):
 
     on_start_subjects: frozenset = frozenset()  # reads ended spans only
 
-    def __init__(self, exporter: SpanExporter, output: str, *, max_queue_bytes: int = 32 << 20,
+    def __init__(self, exporter: SpanExporter, output: str, *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_MB << 20,
                  max_queue_spans: int = 1 << 20, max_batch: int = 512, schedule_delay_s: float = 5.0,
                  shutdown_timeout_s: float = 10.0, size: Callable[[Any], int] = span_bytes,
                  writes_files: bool = False) -> None:
