@@ -26,7 +26,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -42,6 +42,8 @@ from otel_verl import events, health, settings  # noqa: E402
 from otel_verl.exporters.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of  # noqa: E402
 from otel_verl.instrumentation import tracing  # noqa: E402
 from otel_verl.semconv import Outcome, Stage  # noqa: E402
+
+from bench_sdk_costs import best_cpu_s  # noqa: E402  (this folder: the same CPU timing)
 
 BATCH = 512  # the BatchSpanProcessor's default export batch
 TRAINER = "RayPPOTrainer"
@@ -95,15 +97,6 @@ def run_step(prompts: int, trajectories: int) -> List[Any]:
     provider.shutdown()
     tracing.stop()
     return spans
-
-
-def best_cpu_s(work: Callable[[], Any], rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        work()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 def batches(items: List[Any]) -> List[List[Any]]:

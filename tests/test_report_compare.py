@@ -14,6 +14,7 @@ from otel_verl.tools.cli import main
 from otel_verl.tools.report import build
 from otel_verl.tools.report.analysis import percentile
 from otel_verl.tools.report.compare import build_comparison, compare
+from test_cli import _merged_s
 
 from otlp_runs import async_run, straggler_run
 
@@ -250,13 +251,3 @@ def test_the_tail_of_a_demo_run(demo_n2):
         assert sum(r["samples"] for r in tail["staleness"]["per_step"]) == len(roots)
     else:
         assert tail["staleness"]["note"] == "no lineage in these spans"
-
-
-def _merged_s(intervals) -> float:
-    merged = []
-    for lo, hi in sorted(intervals):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return sum(hi - lo for lo, hi in merged) / 1e9
