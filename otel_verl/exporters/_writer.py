@@ -106,6 +106,7 @@ class BackgroundWriter:
         self._finished = 0  # of them written or counted
         self._wanted = 0  # jobs a flush or checkpoint waits for: the thread must not linger
         self._writing = 0  # lines the thread is writing now
+        self._queued_lines = 0  # lines of the jobs waiting (what the loss file reads each second)
         self._writing_counted = False  # close() counted them as lost: a late failure is not counted again
         self._thread: Optional[threading.Thread] = None
 
@@ -121,6 +122,7 @@ class BackgroundWriter:
             if not refused:
                 self._jobs.append((render, n_lines, n_bytes))
                 self._pending_bytes += n_bytes
+                self._queued_lines += n_lines
                 self._accepted += 1
                 if len(self._jobs) == 1:
                     # The thread is idle, or writing the jobs it took and will look again.
@@ -135,7 +137,7 @@ class BackgroundWriter:
 
     def pending_lines(self) -> int:
         with self._cond:
-            return self._writing + sum(n_lines for _, n_lines, _ in self._jobs)
+            return self._writing + self._queued_lines
 
     def write(self, path: str, text: str, n_lines: int) -> bool:
         """Queue ``text`` (whole lines) for ``path``."""
@@ -173,6 +175,7 @@ class BackgroundWriter:
             self._writing_counted = self._writing > 0  # the write that hangs: counted here, not again
             self._finished += len(self._jobs)
             self._jobs.clear()
+            self._queued_lines = 0
             self._pending_bytes = 0
             self._cond.notify_all()
         self._count_dropped(late, "not written by the shutdown deadline")
@@ -215,7 +218,7 @@ class BackgroundWriter:
         with self._cond:
             jobs = list(self._jobs)
             self._jobs.clear()
-            self._writing = sum(n_lines for _, n_lines, _ in jobs)
+            self._writing, self._queued_lines = self._queued_lines, 0
         texts: Dict[str, List[str]] = {}
         lines: Dict[str, int] = {}
         for render, n_lines, _ in jobs:
