@@ -27,10 +27,10 @@ from otel_verl.deadline import Call, Deadline, Late
 from otel_verl.payload import payload_of
 from otel_verl.settings import DEFAULT_SHUTDOWN_TIMEOUT_S
 
-# Of a shutdown's deadline, what each later shutdown order (the metrics, the loss file)
-# keeps: at most this many seconds, at most this share of what is left.
-LATER_SHUTDOWN_RESERVE_S = 1.0
-LATER_SHUTDOWN_SHARE = 0.1
+# Of a flush's or shutdown's deadline, what each later finish order (the metrics, the
+# loss file) keeps: at most this many seconds, at most this share of what is left.
+LATER_FINISH_RESERVE_S = 1.0
+LATER_FINISH_SHARE = 0.1
 
 _next_ids: contextvars.ContextVar[Optional[Tuple[int, int]]] = contextvars.ContextVar("otel_verl_next_ids", default=None)
 
@@ -149,20 +149,23 @@ class IsolatingSpanProcessor(SpanProcessor):
 
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         """Shuts every processor down within one deadline (``timeout_millis``, else
-        :attr:`timeout_s`), in the order of their ``shutdown_order`` (default 0): the
-        metrics and the loss file (1, 2) last, once the outputs counted what they lost;
-        each later order keeps a share of the deadline. Within an order, a processor whose
-        ``shutdown`` takes ``timeout_millis`` is called in turn with what is left, and keeps
-        it, counting what it could not export; the others run meanwhile, each on a thread
-        of its own, and are waited for until the deadline only: one that is late is
-        counted as failed."""
+        :attr:`timeout_s`), in the order of :func:`finish_order`. Within an order, a
+        processor whose ``shutdown`` takes ``timeout_millis`` is called in turn with what is
+        left, and keeps it, counting what it could not export; the others run meanwhile,
+        each on a thread of its own, and are waited for until the deadline only: one that
+        is late is counted as failed."""
+        for processors, deadline in self._in_order(timeout_millis):
+            self._shut_down(processors, deadline)
+
+    def _in_order(self, timeout_millis: Optional[int]):
+        """The processors by :func:`finish_order`, each order with its share of one
+        deadline: each later order keeps a share for itself."""
         deadline = self._deadline(timeout_millis)
-        orders = sorted({getattr(sp, "shutdown_order", 0) for sp in self.processors})
+        orders = sorted({finish_order(sp) for sp in self.processors})
         for i, order in enumerate(orders):
             later = len(orders) - 1 - i
-            reserve = later * min(LATER_SHUTDOWN_RESERVE_S, deadline.left_s() * LATER_SHUTDOWN_SHARE)
-            self._shut_down([sp for sp in self.processors if getattr(sp, "shutdown_order", 0) == order],
-                            Deadline(deadline.left_s() - reserve))
+            reserve = later * min(LATER_FINISH_RESERVE_S, deadline.left_s() * LATER_FINISH_SHARE)
+            yield [sp for sp in self.processors if finish_order(sp) == order], Deadline(deadline.left_s() - reserve)
 
     @staticmethod
     def _shut_down(processors: list, deadline: Deadline) -> None:
@@ -180,24 +183,32 @@ class IsolatingSpanProcessor(SpanProcessor):
                 _processor_failed(sp, "shutdown", exc)
 
     def force_flush(self, timeout_millis: Optional[int] = None) -> bool:
-        """Flushes every processor at once, each on a thread of its own with what is left
-        of one deadline (``timeout_millis``, else :attr:`timeout_s`), and waits for none
-        past it: the SDK's batch processor exports its whole queue whatever the timeout."""
-        deadline = self._deadline(timeout_millis)
-        calls = [(sp, Call(sp.force_flush, deadline.left_ms())) for sp in self.processors]
+        """Flushes the processors in the order of :func:`finish_order` within one deadline
+        (``timeout_millis``, else :attr:`timeout_s`), those of one order at once, each on a
+        thread of its own, waiting for none past its order's share: the SDK's batch
+        processor exports its whole queue whatever the timeout."""
         flushed = True
-        for sp, call in calls:
-            try:
-                flushed = call.result(deadline) is not False and flushed
-            except Late:
-                flushed = False
-            except Exception as exc:
-                _processor_failed(sp, "force_flush", exc)
-                flushed = False
+        for processors, deadline in self._in_order(timeout_millis):
+            calls = [(sp, Call(sp.force_flush, deadline.left_ms())) for sp in processors]
+            for sp, call in calls:
+                try:
+                    flushed = call.result(deadline) is not False and flushed
+                except Late:
+                    flushed = False
+                except Exception as exc:
+                    _processor_failed(sp, "force_flush", exc)
+                    flushed = False
         return flushed
 
     def _deadline(self, timeout_millis: Optional[int]) -> Deadline:
         return Deadline(self.timeout_s if timeout_millis is None else timeout_millis / 1000)
+
+
+def finish_order(processor: Any) -> int:
+    """When a processor finishes in a flush or a shutdown: its ``finish_order`` (default
+    0), lowest first. The metrics (1) and the loss file (2) come last, so that they see
+    what the outputs before them wrote and counted."""
+    return getattr(processor, "finish_order", 0)
 
 
 def _takes_timeout(method: Any) -> bool:

@@ -939,3 +939,75 @@ def test_two_runs_share_one_trace_dir(tmp_path):
         assert sum(f"Task {run}-" in line for line in lines["progress"]) == per_run["jsonl_lines"]
     assert len(glob.glob(str(trace / "sample" / "*.csv"))) == 2
     assert len(glob.glob(str(trace / "otlp" / "*.jsonl"))) == 2
+
+
+class SlowFileOutput:
+    """A file output whose writes take a while: what it holds shows in ``pending()``
+    until its flush (or the wait its ``checkpoint`` returns) has written it."""
+
+    writes_files = True
+
+    def __init__(self, held: int) -> None:
+        self.held = held
+
+    def on_start(self, span, parent_context=None):
+        pass
+
+    def on_end(self, span):
+        pass
+
+    def pending(self):
+        return {"slow_file": self.held}
+
+    def checkpoint(self):
+        def wait(timeout_s=None):
+            time.sleep(0.3)
+            self.held = 0
+            return True
+
+        return wait
+
+    def force_flush(self, timeout_millis=30000):
+        return self.checkpoint()(timeout_millis / 1000)
+
+    def shutdown(self):
+        pass
+
+
+def _pending_in_loss_file(trace_dir) -> dict:
+    [path] = glob.glob(os.path.join(trace_dir, "losses", "*.json"))
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["pending"]
+
+
+def test_a_flush_writes_the_loss_file_after_the_outputs_it_speaks_of(make_pipeline, tmp_path):
+    """The end of a run flushes every process before Ray ends it: the loss file written by
+    that flush says what the outputs hold after theirs, not what they held before."""
+    from otel_verl.exporters.loss_file import LossFileProcessor
+    from otel_verl.sampling import IsolatingSpanProcessor
+
+    output = SlowFileOutput(held=5)
+    processor = IsolatingSpanProcessor(timeout_s=5)
+    processor.add_span_processor(LossFileProcessor(str(tmp_path), outputs=[output], interval_s=3600))
+    processor.add_span_processor(output)
+    assert processor.force_flush()
+    assert _pending_in_loss_file(tmp_path) == {}
+
+
+def test_the_export_process_writes_the_loss_file_after_the_outputs_a_flush_waits_for(tmp_path):
+    from otel_verl import settings
+    from otel_verl.exporters.loss_file import LossFileProcessor
+    from otel_verl.offload import wire
+    from otel_verl.offload.host import Host
+
+    output = SlowFileOutput(held=5)
+    reply = io.BytesIO()
+    host = Host(wire.HostConfig(settings.load({}), {}, "", os.getpid()), reply=reply,
+                processors=[LossFileProcessor(str(tmp_path), outputs=[output], interval_s=3600), output])
+    host.handle(wire.Flush(1, {"dropped": {}, "failures": {}}))
+    deadline = time.monotonic() + 10
+    while not reply.getvalue() and time.monotonic() < deadline:  # the Flushed answer
+        time.sleep(0.01)
+    assert wire.read_frame(io.BytesIO(reply.getvalue())).seq == 1
+    assert _pending_in_loss_file(tmp_path) == {}
+    host.close()

@@ -6,7 +6,8 @@ rollout worker's counts of its last seconds reached only its log. :class:`LossFi
 keeps ``{trace_dir}/losses/losses-{host}-pid{pid}.json`` current: rewritten (a new file
 renamed over the old one, so a reader never sees half of it) at most every
 ``interval_s`` while the counters change, and a last time when the outputs shut down,
-after every other output counted its losses (``shutdown_order``). In a rollout worker's
+after every other output counted its losses (``finish_order``); a flush writes it
+after the other outputs' flushes too, so that it says what they still hold after it. In a rollout worker's
 export process the file is the worker's (its pid), with the worker's own counters as of
 its last message and what the export process counted, so it survives the worker.
 ``otel-verl report`` sums the files of a run.
@@ -26,12 +27,12 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import health, semconv as sc
-from otel_verl.exporters._writer import FILE_MODE, make_dirs, output_pid, written_at_once
+from otel_verl.exporters._writer import FILE_MODE, make_dirs, output_pid
 
 DIRECTORY = "losses"
 _RESOURCE_KEYS = (sc.RUN_ID, sc.ROLE, sc.SERVICE_NAME, sc.SERVICE_INSTANCE_ID)
@@ -42,7 +43,7 @@ class LossFileProcessor(SpanProcessor):
 
     on_start_subjects: frozenset = frozenset()
     on_end_subjects: frozenset = frozenset()
-    shutdown_order = 2  # last: after the outputs counted what they lost, and after the metrics
+    finish_order = 2  # last: after the outputs counted what they lost, and after the metrics
     writes_files = True  # a flush of the export process writes it (offload.host)
 
     def __init__(self, trace_dir: str, resource_attributes: Optional[Dict[str, Any]] = None, *,
@@ -76,9 +77,9 @@ class LossFileProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.write(final=False)
 
-    def checkpoint(self) -> Any:
-        self.write(final=False)
-        return written_at_once
+    def checkpoint(self) -> Callable[[Optional[float]], bool]:
+        """Writes when waited for: after the outputs of lower ``finish_order``."""
+        return lambda timeout_s=None: self.write(final=False)
 
     def shutdown(self) -> None:
         self._stop.set()

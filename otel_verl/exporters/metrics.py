@@ -71,7 +71,7 @@ class SpanMetricsProcessor(SpanProcessor):
     theirs to flush and shut down."""
 
     on_start_subjects: frozenset = frozenset()  # reads ends only
-    shutdown_order = 1  # after the span outputs: the last collection has their losses
+    finish_order = 1  # after the span outputs: the last collection has their losses
     on_end_subjects = frozenset({
         Subject.STEP, Subject.STEP_STAGE, Subject.SAMPLE, Subject.TRAJECTORY, Subject.LLM_CALL,
         Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,

@@ -51,7 +51,7 @@ class Host:
 
     def __init__(self, config: wire.HostConfig, processors: Optional[Iterable[Any]] = None,
                  reply: Optional[BinaryIO] = None) -> None:
-        from otel_verl.sampling import IsolatingSpanProcessor
+        from otel_verl.sampling import IsolatingSpanProcessor, finish_order
 
         if processors is None:
             from otel_verl import bootstrap
@@ -64,8 +64,9 @@ class Host:
         self.processor = IsolatingSpanProcessor(config.settings.shutdown_timeout_s)
         for processor in processors:
             self.processor.add_span_processor(processor)
-        # what a Flush waits for: the outputs that write files here (not OTLP, not metrics)
-        self.file_outputs = [p for p in processors if getattr(p, "writes_files", False)]
+        # what a Flush waits for, in turn: the outputs that write files here (not OTLP, not
+        # metrics), the loss file last
+        self.file_outputs = sorted((p for p in processors if getattr(p, "writes_files", False)), key=finish_order)
         self.replies = Replies(reply if reply is not None else io.BytesIO())
         self.codecs: Dict[int, Tuple[Any, Any]] = {}
         self.received_ends = 0
