@@ -33,7 +33,7 @@ import re
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
-from otel_verl import carriers, health, settings
+from otel_verl import forks, carriers, health, settings
 
 logger = logging.getLogger("otel_verl")
 
@@ -44,13 +44,10 @@ _activated_pid: Optional[int] = None
 _pid = os.getpid()  # kept current by a fork hook: every carrier unpickled asks (a system call each)
 
 
+@forks.in_child
 def _after_fork_in_child() -> None:
     global _pid
     _pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 setup_hook_calls = 0  # how often the hook ran in this process (tests, doctor)
 
 

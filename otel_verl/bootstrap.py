@@ -36,7 +36,7 @@ import threading
 import uuid
 from typing import Any, FrozenSet, List, Optional
 
-from otel_verl import health, settings as settings_mod
+from otel_verl import forks, health, settings as settings_mod
 from otel_verl.deadline import Deadline
 from otel_verl.semconv import Role
 from otel_verl import semconv as sc
@@ -509,8 +509,7 @@ def _register_shutdown() -> None:
     global _atexit_registered
     if not _atexit_registered:
         atexit.register(_shutdown_at_exit)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=_after_fork_in_child)
+        forks.in_child(_after_fork_in_child)
         _atexit_registered = True
         _follow_ray_init()
     _install_sigterm_handler()

@@ -29,7 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_verl import health
+from otel_verl import forks, health
 from otel_verl.settings import RUN_ID
 
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
@@ -114,13 +114,10 @@ def _note_arrival(uid: str, carrier: TraceCarrier) -> None:
             _arrived.popitem(last=False)
 
 
+@forks.in_child
 def _new_arrivals_lock_in_child() -> None:
     global _arrived_lock
     _arrived_lock = threading.Lock()  # another thread may have held it at fork time
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_arrivals_lock_in_child)
 
 
 def take_arrived(uid: Any) -> Optional[TraceCarrier]:

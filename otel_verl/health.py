@@ -18,6 +18,8 @@ import time
 from collections import Counter
 from typing import Any, Callable, Dict, TypeVar
 
+from otel_verl import forks
+
 logger = logging.getLogger("otel_verl")
 
 _lock = threading.Lock()
@@ -140,10 +142,10 @@ def reset() -> None:
         _served = {}
 
 
+@forks.in_child
 def _reinit_lock_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # another thread may have held it at fork time
 
 
-if hasattr(__import__("os"), "register_at_fork"):
-    __import__("os").register_at_fork(after_in_child=_reinit_lock_in_child)
+forks.count_failures_with(record_failure)

@@ -35,13 +35,12 @@ import os
 import re
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_verl import health, settings
+from otel_verl import forks, health, settings
 from otel_verl.ids import repair_text
 
 Render = Callable[[], Tuple[str, str]]  # -> (path, text made of whole lines)
@@ -56,7 +55,6 @@ FILE_MODE = 0o644  # ordinary permissions: never world-writable
 DEFAULT_MAX_PENDING_BYTES = settings.DEFAULT_MAX_QUEUE_MB << 20
 DIR_MODE = 0o755
 
-_live_writers: "weakref.WeakSet[BackgroundWriter]" = weakref.WeakSet()
 _output_pid = 0  # see name_outputs_after
 
 
@@ -96,7 +94,7 @@ class BackgroundWriter:
         self._closed = False
         self._files: Dict[str, OpenFile] = {}  # by path, oldest first
         self._start_empty()
-        _live_writers.add(self)
+        forks.in_child(self._after_fork_in_child)
 
     def _start_empty(self) -> None:
         self._cond = threading.Condition()
@@ -413,10 +411,3 @@ def write_discovery_file(path: Optional[str], directory: str) -> None:
     except OSError:
         pass
 
-
-def _start_afresh_in_child() -> None:
-    for writer in list(_live_writers):
-        writer._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_start_afresh_in_child)

@@ -21,14 +21,13 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_verl import health
+from otel_verl import forks, health
 from otel_verl.deadline import Call, Deadline, Late
 from otel_verl.settings import DEFAULT_MAX_QUEUE_MB
 
@@ -103,7 +102,7 @@ class BatchExportProcessor(SpanProcessor):
         self.shutdown_timeout_s = shutdown_timeout_s
         self.size = size
         self._start_empty()
-        _live.add(self)
+        forks.in_child(self._after_fork_in_child)
 
     def _start_empty(self) -> None:
         self._cond = threading.Condition()
@@ -198,7 +197,7 @@ class BatchExportProcessor(SpanProcessor):
             pass
         except Exception as exc:
             health.record_failure(f"{self.output}.shutdown", exc)
-        _live.discard(self)
+        forks.forget(self._after_fork_in_child)
 
     # ------------------------------------------------------------------ export thread
 
@@ -263,14 +262,3 @@ class BatchExportProcessor(SpanProcessor):
     def _after_fork_in_child(self) -> None:
         self._start_empty()  # the parent's queue is the parent's to export
 
-
-_live: "weakref.WeakSet[BatchExportProcessor]" = weakref.WeakSet()
-
-
-def _start_afresh_in_child() -> None:
-    for processor in list(_live):
-        processor._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_start_afresh_in_child)

@@ -26,12 +26,11 @@ import os
 import socket
 import threading
 import time
-import weakref
 from typing import Any, Callable, Dict, Optional, Sequence
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_verl import health, semconv as sc
+from otel_verl import forks, health, semconv as sc
 from otel_verl.exporters._writer import FILE_MODE, make_dirs, output_pid
 
 DIRECTORY = "losses"
@@ -59,7 +58,7 @@ class LossFileProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._start_thread()
-        _live.add(self)
+        forks.in_child(self._after_fork_in_child)
 
     def _start_thread(self) -> None:
         threading.Thread(target=self._loop, name="otel-verl-loss-file", daemon=True).start()
@@ -130,14 +129,3 @@ class LossFileProcessor(SpanProcessor):
         if not self._stop.is_set():
             self._start_thread()
 
-
-_live: "weakref.WeakSet[LossFileProcessor]" = weakref.WeakSet()
-
-
-def _start_afresh_in_child() -> None:
-    for processor in list(_live):
-        processor._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_start_afresh_in_child)

@@ -11,13 +11,12 @@ rollout worker, LLM server), and the role decides the provider's resource and ou
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Callable, Optional
 
 from opentelemetry import trace
 
-from otel_verl import events, health, settings as settings_mod
+from otel_verl import forks, events, health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -32,13 +31,10 @@ _said_off = False  # provider_for_role answered None: tracing stays off here
 _flush_timeout_s = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S  # OTEL_VERL_SHUTDOWN_TIMEOUT_S of the settings in use
 
 
+@forks.in_child
 def _new_lock_in_child() -> None:
     global _lock
     _lock = threading.RLock()  # another thread may have held it at fork time
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Settings] = None,

@@ -34,13 +34,12 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections import OrderedDict, deque
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_verl import health
+from otel_verl import forks, health
 from otel_verl.exporters._writer import DEFAULT_MAX_PENDING_BYTES
 from otel_verl.exporters.batch import span_bytes
 from otel_verl.offload import wire
@@ -93,7 +92,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self.in_process_outputs = in_process_outputs
         self._in_process: Optional[SpanProcessor] = None  # the outputs, once written here
         self._start()
-        _live.add(self)
+        forks.in_child(self._after_fork_in_child)
 
     # ------------------------------------------------------------------ span processor (any thread)
 
@@ -198,7 +197,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self._stop(self._why_stopped or "the span processor was shut down")  # later spans are counted too
         if child is not None and not child.finished and self._in_process is None:
             self._write_loss_file()
-        _live.discard(self)
+        forks.forget(self._after_fork_in_child)
 
     # ------------------------------------------------------------------ start
 
@@ -694,17 +693,3 @@ def entry_bytes(span: Any, payload: Any) -> int:
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
-
-_live: "weakref.WeakSet[OffloadSpanProcessor]" = weakref.WeakSet()
-
-
-def _restart_in_child() -> None:
-    for processor in list(_live):
-        try:
-            processor._after_fork_in_child()
-        except Exception as exc:
-            health.record_failure("offload.fork", exc)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_restart_in_child)
