@@ -18,6 +18,7 @@ the SDK's own spans (see :func:`otel_verl.instrumentation.tracing.use_provider`)
 from __future__ import annotations
 
 import contextlib
+import operator
 import traceback
 from time import time_ns
 from types import MappingProxyType
@@ -117,6 +118,11 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
         items = tuple(_otlp_value(item, max_length) for item in value)
         return items if None not in items else None
     return None if value is None else str(value)
+
+
+def _reads(field: str) -> property:
+    """A read-only property of the field ``field``, as ``ReadableSpan`` has them."""
+    return property(operator.attrgetter(field))
 
 
 class SlimSpan(trace.Span):
@@ -255,45 +261,19 @@ class SlimSpan(trace.Span):
 
     # ------------------------------------------------------------------ read like a ReadableSpan (on_start)
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def context(self) -> SpanContext:
-        return self._context
-
-    @property
-    def parent(self) -> Optional[SpanContext]:
-        return self._parent
-
-    @property
-    def kind(self) -> SpanKind:
-        return self._kind
+    name = _reads("_name")
+    context = _reads("_context")
+    parent = _reads("_parent")
+    kind = _reads("_kind")
+    events = _reads("_events")
+    links = _reads("_links")
+    status = _reads("_status")
+    start_time = _reads("_start_time")
+    end_time = _reads("_end_time")
 
     @property
     def attributes(self) -> Mapping[str, Any]:
         return MappingProxyType(self._attributes)
-
-    @property
-    def events(self) -> Sequence[Event]:
-        return self._events
-
-    @property
-    def links(self) -> Sequence[Link]:
-        return self._links
-
-    @property
-    def status(self) -> Status:
-        return self._status
-
-    @property
-    def start_time(self) -> int:
-        return self._start_time
-
-    @property
-    def end_time(self) -> Optional[int]:
-        return self._end_time
 
     # What a limit dropped is counted in otel_verl's health counters, not on the span.
     dropped_attributes = dropped_events = dropped_links = 0

@@ -238,6 +238,7 @@ class _EngineRequest(SpanScope):
     an attempt of a resumed one (the ``_TURN_KEY`` value while it runs)."""
 
     key = _TURN_KEY
+    finish_failure = ""  # where a failed finish is counted (each kind names its own)
 
     def __init__(self, span: Any) -> None:
         super().__init__(span)
@@ -249,10 +250,33 @@ class _EngineRequest(SpanScope):
             self._carrier = carriers.headers_of(self.span) if self.span is not None else {}
         return self._carrier
 
+    def finish(
+        self,
+        completion_ids: Sequence[int] = (),
+        *,
+        stop_reason: Any = None,
+        output_tokens: Optional[int] = None,
+        server_meta: Optional[Mapping[str, Any]] = None,
+        weight_version: Any = None,
+    ) -> None:
+        """The engine's response (never raises: a failure is counted): the completion,
+        why it stopped (``abort``: the engine was interrupted), the server's per-request
+        timing and the weight version that served it."""
+        try:
+            self._respond(completion_ids, stop_reason, output_tokens, server_meta, _weight_version(weight_version))
+        except Exception as exc:
+            health.record_failure(self.finish_failure, exc)
+
+    def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
+                 server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
+        raise NotImplementedError
+
 
 class Turn(_EngineRequest):
     """What :func:`llm_call` yields (the ``with`` block of the call's span): the caller
     reports the response through it."""
+
+    finish_failure = "worker.Turn.finish"
 
     def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
                  sample_attributes: Optional[Dict[str, Any]] = None,
@@ -288,46 +312,31 @@ class Turn(_EngineRequest):
         if data is not None and not data.end_ts:
             data.end_ts = time.time()
 
-    def finish(
-        self,
-        completion_ids: Sequence[int] = (),
-        *,
-        stop_reason: Any = None,
-        output_tokens: Optional[int] = None,
-        server_meta: Optional[Mapping[str, Any]] = None,
-        weight_version: Any = None,
-    ) -> None:
-        """The call's response (never raises: a failure is counted). ``server_meta``, the
-        server's per-request timing, goes to the trajectory JSONL, not on this span (the
-        server's own span, a child of this one, carries it). ``weight_version``: the
-        weights that served it (of a resumed turn: its last attempt's; each attempt says
-        its own, and the turn the range)."""
+    def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
+                 server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
+        """``server_meta`` goes to the trajectory JSONL, not on this span (the server's
+        own span, a child of this one, carries it). ``version``: of a resumed turn, its
+        last attempt's; each attempt says its own, and the turn the range."""
         data = self.data
         if data is None:
             return
-        try:
-            version = _weight_version(weight_version)
-            if version is not None:
-                self.span.set_attribute(sc.WEIGHT_VERSION, version)
-                if not self.attempts:
-                    self.served_by(version)
-            _set_version_range(self.span, self.weight_versions if self.attempts else [])
-            data.end_ts = time.time()
-            kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
-            data.completion_token_count = output_tokens
-            reason = data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
-            attrs: Dict[str, Any] = {
-                sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
-            if reason:
-                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(reason),)
-            if server_meta:
-                # For the trajectory JSONL only: the server span (this span's child) has them
-                # as attributes already.
-                data.server_meta.update(server_meta)
-            self.span.set_attributes(attrs)
-            self._capture_content(data)
-        except Exception as exc:
-            health.record_failure("worker.Turn.finish", exc)
+        if version is not None:
+            self.span.set_attribute(sc.WEIGHT_VERSION, version)
+            if not self.attempts:
+                self.served_by(version)
+        _set_version_range(self.span, self.weight_versions if self.attempts else [])
+        data.end_ts = time.time()
+        kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
+        data.completion_token_count = output_tokens
+        reason = data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+        attrs: Dict[str, Any] = {
+            sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
+        if reason:
+            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(reason),)
+        if server_meta:
+            data.server_meta.update(server_meta)
+        self.span.set_attributes(attrs)
+        self._capture_content(data)
 
     def _capture_content(self, data: TurnData) -> None:
         """Opt-in message content (see :class:`_CapturingTurn`)."""
@@ -352,6 +361,8 @@ class Attempt(_EngineRequest):
     the server's span. The turn keeps the whole completion; the first attempt's server
     timing stands for the turn (its queue and first token are the turn's)."""
 
+    finish_failure = "worker.Attempt.finish"
+
     def __init__(self, span: Any, turn: Turn) -> None:
         super().__init__(span)
         self._turn = turn
@@ -360,35 +371,23 @@ class Attempt(_EngineRequest):
     def value(self) -> "Attempt":
         return self
 
-    def finish(
-        self,
-        completion_ids: Sequence[int] = (),
-        *,
-        stop_reason: Any = None,
-        output_tokens: Optional[int] = None,
-        server_meta: Optional[Mapping[str, Any]] = None,
-        weight_version: Any = None,
-    ) -> None:
-        """The attempt's response: its tokens, why it stopped (``abort`` when the engine
-        was interrupted) and the weight version that served it on its span (never raises:
-        a failure is counted)."""
+    def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
+                 server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
+        """Its tokens, why it stopped and its weight version on its span; the first
+        attempt's server timing for the turn's JSONL line."""
         if self.span is None:
             return
-        try:
-            count = output_tokens if output_tokens is not None else len(completion_ids or ())
-            attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
-            version = _weight_version(weight_version)
-            if version is not None:
-                attrs[sc.WEIGHT_VERSION] = version
-                self._turn.served_by(version)
-            if stop_reason:
-                attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(str(stop_reason)),)
-            self.span.set_attributes(attrs)
-            data = self._turn_data
-            if server_meta and data is not None and not data.server_meta:
-                data.server_meta.update(server_meta)
-        except Exception as exc:
-            health.record_failure("worker.Attempt.finish", exc)
+        count = output_tokens if output_tokens is not None else len(completion_ids or ())
+        attrs: Dict[str, Any] = {sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(count)}
+        if version is not None:
+            attrs[sc.WEIGHT_VERSION] = version
+            self._turn.served_by(version)
+        if stop_reason:
+            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = (_text(str(stop_reason)),)
+        self.span.set_attributes(attrs)
+        data = self._turn_data
+        if server_meta and data is not None and not data.server_meta:
+            data.server_meta.update(server_meta)
 
 
 class _CapturingTurn(Turn):

@@ -156,32 +156,42 @@ def _exemplar_context(span: ReadableSpan) -> Any:
     return trace_api.set_span_in_context(trace_api.NonRecordingSpan(span.context))
 
 
-class _Instruments:
-    def __init__(self, meter: metrics_api.Meter) -> None:
-        def histogram(name: str, unit: str, description: str, buckets: Iterable[float]) -> Any:
-            return meter.create_histogram(name, unit=unit, description=description,
-                                          explicit_bucket_boundaries_advisory=list(buckets))
+# Each histogram: the _Instruments attribute it is, its name, unit, description and buckets.
+_HISTOGRAMS = (
+    ("step", STEP_DURATION, "s", "Duration of a training step", STEP_BUCKETS),
+    ("stage", STAGE_DURATION, "s", "Duration of a training-step stage", STEP_BUCKETS),
+    ("trajectory", TRAJECTORY_DURATION, "s", "Duration of one trajectory (agent run)", TRAJECTORY_BUCKETS),
+    ("llm_duration", LLM_OPERATION_DURATION, "s", "GenAI operation duration", GEN_AI_DURATION_BUCKETS),
+    ("llm_tokens", LLM_TOKEN_USAGE, "{token}", "Number of input and output tokens used", GEN_AI_TOKEN_BUCKETS),
+    ("server_request", SERVER_REQUEST_DURATION, "s", "LLM server request duration (e2e latency)",
+     GEN_AI_DURATION_BUCKETS),
+    ("server_queue", SERVER_QUEUE_DURATION, "s", "LLM server queueing time of a request", GEN_AI_DURATION_BUCKETS),
+    ("server_prefill", SERVER_PREFILL_DURATION, "s", "LLM server prefill time of a request",
+     GEN_AI_DURATION_BUCKETS),
+    ("server_decode", SERVER_DECODE_DURATION, "s", "LLM server decode time of a request", GEN_AI_DURATION_BUCKETS),
+    ("tool", TOOL_DURATION, "s", "Duration of a tool execution", GEN_AI_DURATION_BUCKETS),
+    ("reward", REWARD_DURATION, "s", "Duration of one trajectory's reward computation", GEN_AI_DURATION_BUCKETS),
+)
 
-        self.step = histogram(STEP_DURATION, "s", "Duration of a training step", STEP_BUCKETS)
-        self.stage = histogram(STAGE_DURATION, "s", "Duration of a training-step stage", STEP_BUCKETS)
-        self.trajectory = histogram(TRAJECTORY_DURATION, "s", "Duration of one trajectory (agent run)",
-                                    TRAJECTORY_BUCKETS)
+
+class _Instruments:
+    step: Any
+    stage: Any
+    trajectory: Any
+    llm_duration: Any
+    llm_tokens: Any
+    server_request: Any
+    server_queue: Any
+    server_prefill: Any
+    server_decode: Any
+    tool: Any
+    reward: Any
+
+    def __init__(self, meter: metrics_api.Meter) -> None:
+        for attribute, name, unit, description, buckets in _HISTOGRAMS:
+            setattr(self, attribute, meter.create_histogram(name, unit=unit, description=description,
+                                                            explicit_bucket_boundaries_advisory=list(buckets)))
         self.samples = meter.create_counter(SAMPLES, unit="{sample}", description="Samples ended, by outcome")
-        self.llm_duration = histogram(LLM_OPERATION_DURATION, "s", "GenAI operation duration",
-                                      GEN_AI_DURATION_BUCKETS)
-        self.llm_tokens = histogram(LLM_TOKEN_USAGE, "{token}", "Number of input and output tokens used",
-                                    GEN_AI_TOKEN_BUCKETS)
-        self.server_request = histogram(SERVER_REQUEST_DURATION, "s", "LLM server request duration (e2e latency)",
-                                        GEN_AI_DURATION_BUCKETS)
-        self.server_queue = histogram(SERVER_QUEUE_DURATION, "s", "LLM server queueing time of a request",
-                                      GEN_AI_DURATION_BUCKETS)
-        self.server_prefill = histogram(SERVER_PREFILL_DURATION, "s", "LLM server prefill time of a request",
-                                        GEN_AI_DURATION_BUCKETS)
-        self.server_decode = histogram(SERVER_DECODE_DURATION, "s", "LLM server decode time of a request",
-                                       GEN_AI_DURATION_BUCKETS)
-        self.tool = histogram(TOOL_DURATION, "s", "Duration of a tool execution", GEN_AI_DURATION_BUCKETS)
-        self.reward = histogram(REWARD_DURATION, "s", "Duration of one trajectory's reward computation",
-                                GEN_AI_DURATION_BUCKETS)
         meter.create_observable_counter(DROPPED, [_observe_dropped], unit="{item}",
                                         description="Items otel_verl could not write, by output")
         meter.create_observable_counter(FAILURES, [_observe_failures], unit="{failure}",
