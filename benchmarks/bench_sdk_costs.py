@@ -1,20 +1,24 @@
-"""What the OpenTelemetry SDK itself costs per single-turn trajectory, whatever otel_verl does.
+"""What the OpenTelemetry SDK costs per single-turn trajectory, and the metrics with and without it.
 
     python benchmarks/bench_sdk_costs.py            # 1024 trajectories, best of 5
     python benchmarks/bench_sdk_costs.py --quick    # 64, once: only checks that it works
 
 The spans and metric records are the real ones: 1024 single-turn trajectories (the
 trajectory, its LLM call with the server's span under it, its reward) go through
-otel_verl's events API into an SDK TracerProvider, and the span ends through otel_verl's
-metrics processor into an SDK MeterProvider. Then, per trajectory:
+otel_verl's events API into an SDK TracerProvider (otel_verl's spans, as its own provider
+starts them), and the span ends through otel_verl's
+metrics processor. Then, per trajectory:
 
 - the SDK's OTLP protobuf encoding of its spans (``encode_spans`` and the serialization,
-  by batches of 512 as the BatchSpanProcessor hands them over): what an OTLP exporter
-  spends before sending;
+  by batches of 512 as the BatchSpanProcessor hands them over): what the SDK's OTLP
+  exporter spends before sending;
 - the SDK's metric records of its span ends (``Histogram.record`` with the records'
-  attributes and exemplar context): how many the run made, times the CPU of one.
+  attributes and exemplar context): how many the run made, times the CPU of one;
+- otel_verl's metrics processor, all its span ends' work (``on_end``), recording into its
+  own aggregation (the default) and into an SDK ``MeterProvider`` (a user's, or settings
+  only the SDK has), in turns, best of the rounds.
 
-Both costs belong to the SDK's version, not to otel_verl: run it in each venv to compare
+The SDK's costs belong to its version: run it in each venv to compare
 (``.venv-lowest/bin/python benchmarks/bench_sdk_costs.py``).
 """
 
@@ -41,6 +45,8 @@ from opentelemetry.sdk.version import __version__ as SDK_VERSION  # noqa: E402
 from otel_verl import carriers, events, settings  # noqa: E402
 from otel_verl.exporters.metrics import SpanMetricsProcessor  # noqa: E402
 from otel_verl.instrumentation import tracing  # noqa: E402
+from otel_verl.sampling import IsolatingSpanProcessor  # noqa: E402
+from otel_verl.slim_span import SlimTracer  # noqa: E402
 
 BATCH = 512  # the BatchSpanProcessor's default export batch
 # sglang's meta_info with its metrics on (the keys the server span keeps)
@@ -49,16 +55,55 @@ SERVER_META = {"prompt_tokens": 128, "completion_tokens": 256, "cached_tokens": 
                "prefill_finished_ts": 1.7e9 + 0.03}
 
 
-def run_trajectories(n: int) -> Tuple[List[Any], Any]:
-    """n single-turn trajectories through the events API: their spans, as the SDK ended
-    them, and the metrics their ends recorded."""
+class Timed:
+    """A span processor's span ends, their CPU summed (``process_time`` around each)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.on_start_subjects = getattr(inner, "on_start_subjects", None)
+        self.on_end_subjects = getattr(inner, "on_end_subjects", None)
+        self.cpu_s = 0.0
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        start = time.process_time()
+        self.inner.on_end(span)
+        self.cpu_s += time.process_time() - start
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+class Nothing:
+    """Reads the metrics processor's span ends and does nothing: what timing them costs."""
+
+    on_start_subjects = SpanMetricsProcessor.on_start_subjects
+    on_end_subjects = SpanMetricsProcessor.on_end_subjects
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def run_trajectories(n: int, metrics: Any) -> List[Any]:
+    """n single-turn trajectories through the events API, their ends through ``metrics``:
+    their spans, as the SDK ended them."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    reader = InMemoryMetricReader()
-    metrics = SpanMetricsProcessor(lambda: [reader])
+    provider = TracerProvider(active_span_processor=(active := IsolatingSpanProcessor()))
     provider.add_span_processor(metrics)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    if not tracing.use_provider(provider, settings.load({"OTEL_VERL_ENABLED": "1"})):
+    # the spans otel_verl's own provider starts (bootstrap)
+    if not tracing.use_provider(provider, settings.load({"OTEL_VERL_ENABLED": "1"}), SlimTracer(provider, active)):
         raise RuntimeError("the events API did not take the provider")
     for i in range(n):
         uid = f"6f1c3a0e-1111-2222-3333-{i:012x}"
@@ -74,10 +119,24 @@ def run_trajectories(n: int) -> Tuple[List[Any], Any]:
             with events.reward() as reward:
                 reward.score(1.0)
     spans = list(exporter.get_finished_spans())
-    metrics_data = reader.get_metrics_data()
     provider.shutdown()
     tracing.stop()
-    return spans, metrics_data
+    return spans
+
+
+def metrics_cpu_us(n: int, rounds: int) -> Tuple[float, float, Any]:
+    """otel_verl's metrics processor per trajectory (µs, less what timing its span ends
+    costs): its own aggregation, the SDK's instruments; and the SDK's metrics of a run."""
+    best = {"own": float("inf"), "sdk": float("inf"), "timing": float("inf")}
+    for _ in range(rounds):
+        reader = InMemoryMetricReader()
+        for name, inner in (("own", SpanMetricsProcessor(lambda: [])), ("timing", Nothing()),
+                            ("sdk", SpanMetricsProcessor(meter_provider=MeterProvider(metric_readers=[reader])))):
+            timed = Timed(inner)
+            run_trajectories(n, timed)
+            best[name] = min(best[name], timed.cpu_s)
+        metrics_data = reader.get_metrics_data()
+    return ((best["own"] - best["timing"]) / n * 1e6, (best["sdk"] - best["timing"]) / n * 1e6, metrics_data)
 
 
 def best_cpu_s(work: Callable[[], Any], rounds: int) -> float:
@@ -120,7 +179,8 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--quick", action="store_true", help="64 trajectories, once: checks that it works")
     args = parser.parse_args(argv)
     n, rounds = (64, 1) if args.quick else (1024, 5)
-    spans, metrics_data = run_trajectories(n)
+    own_us, sdk_us, metrics_data = metrics_cpu_us(n, rounds)
+    spans = run_trajectories(n, SpanMetricsProcessor(lambda: []))
     names = sorted({span.name for span in spans})
     attributes = sum(len(span.attributes) for span in spans) / n
     encode_us = best_cpu_s(lambda: [encode_spans(spans[i:i + BATCH]).SerializeToString()
@@ -132,6 +192,8 @@ def main(argv: "list[str] | None" = None) -> int:
     print(f"OTLP protobuf encoding: {encode_us:.0f} us per trajectory")
     print(f"metric records: {records:.0f} per trajectory x {record_us:.1f} us = {records * record_us:.0f} us")
     print(f"the SDK's share per trajectory: {encode_us + records * record_us:.0f} us")
+    print(f"otel_verl's metrics processor: {own_us:.1f} us per trajectory with its own aggregation, "
+          f"{sdk_us:.1f} us into the SDK's instruments")
     return 0
 
 

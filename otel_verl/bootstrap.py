@@ -209,7 +209,7 @@ def _metrics_processor(cfg: settings_mod.Settings) -> Any:
     from otel_verl.exporters.metrics import SpanMetricsProcessor
 
     endpoint = _metrics_endpoint()
-    return SpanMetricsProcessor(lambda: _metric_readers(cfg, wanted, endpoint),
+    return SpanMetricsProcessor(lambda: _metric_exporters(cfg, wanted, endpoint),
                                 shutdown_timeout_s=cfg.shutdown_timeout_s)
 
 
@@ -247,12 +247,11 @@ def _metrics_endpoint() -> Optional[str]:
     return traces[: -len("/v1/traces")] + "/v1/metrics" if traces.rstrip("/").endswith("/v1/traces") else traces
 
 
-def _metric_readers(cfg: settings_mod.Settings, wanted: List[str], endpoint: Optional[str]) -> List[Any]:
-    """Periodic readers (``OTEL_METRIC_EXPORT_INTERVAL``, read by the SDK) of the exporters
-    in ``wanted``."""
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+def _metric_exporters(cfg: settings_mod.Settings, wanted: List[str], endpoint: Optional[str]) -> List[Any]:
+    """The exporters in ``wanted``."""
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
-    readers = []
+    exporters = []
     for name in wanted:
         try:
             if name == "otlp":
@@ -263,10 +262,10 @@ def _metric_readers(cfg: settings_mod.Settings, wanted: List[str], endpoint: Opt
                 exporter = OtlpJsonMetricFileExporter(os.path.join(cfg.trace_dir, METRICS_FILES_DIR))
             else:
                 exporter = ConsoleMetricExporter()
-            readers.append(PeriodicExportingMetricReader(exporter))
+            exporters.append(exporter)
         except Exception as exc:  # the spans' outputs go on without these metrics
             health.record_failure(f"metrics.{name}", exc)
-    return readers
+    return exporters
 
 
 def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:

@@ -164,7 +164,8 @@ def test_the_instruction_count_benchmark_counts_the_measured_round(tmp_path):
 
 def test_the_sdk_cost_benchmark_prices_a_trajectorys_spans_and_records():
     """bench_sdk_costs, tiny size: a single-turn trajectory's 4 spans and 9 metric records
-    (trajectory 1, LLM call 3, server 4, reward 1) are priced."""
+    (trajectory 1, LLM call 3, server 4, reward 1) are priced, and the metrics processor
+    with each backend."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_sdk_costs.py"), "--quick"],
@@ -173,6 +174,8 @@ def test_the_sdk_cost_benchmark_prices_a_trajectorys_spans_and_records():
     assert "spans per trajectory: 4 (" in proc.stdout, proc.stdout
     assert re.search(r"metric records: 9 per trajectory x [\d.]+ us", proc.stdout), proc.stdout
     assert re.search(r"OTLP protobuf encoding: [1-9]\d* us per trajectory", proc.stdout), proc.stdout
+    assert re.search(r"metrics processor: -?[\d.]+ us per trajectory with its own aggregation, -?[\d.]+ us into",
+                     proc.stdout), proc.stdout
 
 
 def test_the_perfetto_benchmark_converts_every_generated_span(tmp_path):

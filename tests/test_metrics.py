@@ -1,5 +1,6 @@
 """The metrics derived from the spans (otel_verl.exporters.metrics), read with an in-memory
-reader; their OTLP-JSON files; how bootstrap picks their exporters."""
+exporter; their aggregation against the SDK's; their OTLP-JSON files; how bootstrap picks
+their exporters."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import os
 import threading
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExporter, MetricExportResult
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from otel_verl import bootstrap, events, health, settings
 from otel_verl import semconv as sc
@@ -21,13 +21,43 @@ from otel_verl.semconv import Stage
 SAMPLE_KEYS = {sc.UID, sc.TRAJ_UID, sc.GLOBAL_STEP, sc.GEN_AI_CONVERSATION_ID, sc.LLM_REQUEST_ID}
 
 
+class InMemoryExporter(MetricExporter):
+    """Keeps what it is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.exported = []
+
+    def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+        self.exported.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis=10_000):
+        return True
+
+    def shutdown(self, timeout_millis=30_000, **kwargs):
+        pass
+
+
+class Reader:
+    """The processor's metrics as of now: a flush, then what its exporter got."""
+
+    def __init__(self, processor: m.SpanMetricsProcessor, exporter: InMemoryExporter) -> None:
+        self.processor = processor
+        self.exporter = exporter
+
+    def get_metrics_data(self):
+        assert self.processor.force_flush()
+        return self.exporter.exported[-1] if self.exporter.exported else None
+
+
 @pytest.fixture
 def reader(make_pipeline):
     health.reset()
-    in_memory = InMemoryMetricReader()
-    processor = m.SpanMetricsProcessor(lambda: [in_memory])
+    exporter = InMemoryExporter()
+    processor = m.SpanMetricsProcessor(lambda: [exporter])
     make_pipeline([processor])
-    yield in_memory
+    yield Reader(processor, exporter)
     processor.shutdown()
     health.reset()
 
@@ -172,6 +202,117 @@ def test_losses_and_failures_are_observed_as_counters(reader):
     assert one(points(reader), m.DROPPED, **{m.OUTPUT_ATTRIBUTE: "otlp"}).value == 5
 
 
+def _random_run(rng, rounds: int) -> None:
+    """Spans of every subject the metrics read, with random values and attribute sets."""
+    for i in range(rounds):
+        uid = f"u{i}"
+        tool = rng.choice(["calculator", "search", "python"])
+        try:
+            with events.trajectory(uid, f"t{i}", step=1 + i % 3, agent_name=rng.choice(["a", "tool_agent"]),
+                                   provider="sglang"):
+                with events.llm_call(list(range(rng.randrange(1, 300))), model=rng.choice(["qwen", "llama"]),
+                                     provider="sglang") as turn:
+                    headers = turn.carrier()
+                    turn.finish(list(range(rng.randrange(0, 50))), stop_reason="stop")
+                with events.llm_server_call(headers, request_id=f"r{i}", provider="sglang") as call:
+                    e2e = rng.uniform(0.001, 30)
+                    queue = rng.uniform(0, e2e / 2)
+                    call.record_meta({"e2e_latency": e2e, "queue_time": queue, "request_received_ts": 100.0,
+                                      "prefill_finished_time": 100.0 + queue + rng.uniform(0, e2e / 2)})
+                with events.tool_call(tool, call_id=f"c{i}"):
+                    if rng.random() < 0.3:
+                        raise ValueError("the tool failed")
+        except ValueError:
+            pass
+        with events.reward() as reward:
+            reward.score(rng.random())
+    events.samples_created([f"s{i}" for i in range(rounds)], step=1, trainer="RayPPOTrainer")
+    with events.step(1, trainer="RayPPOTrainer"):
+        with events.step_stage(Stage.GENERATION):
+            pass
+    for i in range(rounds):
+        events.samples_finished([f"s{i}"], rng.choice([sc.Outcome.TRAINED, sc.Outcome.FILTERED]))
+
+
+def _comparable(data) -> dict:
+    """metric name -> its points as the OTLP-JSON files write them, timestamps left out;
+    a counter's one exemplar (the SDK's picks one measurement at random) only counted."""
+    from otel_verl.exporters.otlp_json_metrics import resource_metrics_dict
+
+    out = {}
+    [resource] = resource_metrics_dict(data)["resourceMetrics"]
+    for scope in resource["scopeMetrics"]:
+        for metric in scope["metrics"]:
+            kind = "histogram" if "histogram" in metric else "sum"
+            points = []
+            for point in metric[kind]["dataPoints"]:
+                point = {k: v for k, v in point.items() if not k.endswith("UnixNano")}
+                exemplars = [{k: v for k, v in e.items() if k != "timeUnixNano"} for e in point.pop("exemplars", [])]
+                point["exemplars"] = (sorted(exemplars, key=json.dumps) if kind == "histogram" else len(exemplars))
+                points.append(point)
+            out[metric["name"]] = {**{k: v for k, v in metric.items() if k != kind},
+                                   kind: {**metric[kind], "dataPoints": sorted(points, key=json.dumps)}}
+        out["scope"] = scope["scope"]
+    out["resource"] = resource["resource"]
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_aggregation_equals_the_sdks_on_the_same_spans(make_pipeline, seed):
+    """Each collection of otel_verl's aggregation holds the points the SDK's instruments
+    make of the same records: cumulative across collections, each collection's exemplars
+    its own."""
+    import random
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    health.reset()
+    rng = random.Random(seed)
+    sdk_reader = InMemoryMetricReader()
+    sdk_provider = MeterProvider(metric_readers=[sdk_reader])  # its own resource: compared apart
+    ours = InMemoryExporter()
+    processors = [m.SpanMetricsProcessor(meter_provider=sdk_provider), m.SpanMetricsProcessor(lambda: [ours])]
+    pipeline = make_pipeline(processors)
+    for collection in range(2):
+        _random_run(rng, 40)
+        health.record_dropped("otlp", collection + 1, "test")
+        assert processors[1].force_flush()
+        expected = _comparable(sdk_reader.get_metrics_data())
+        got = _comparable(ours.exported[-1])
+        # the spans' resource, where the SDK's provider has its own
+        assert {"key": "verl.role", "value": {"stringValue": "trainer"}} in got.pop("resource")["attributes"]
+        expected.pop("resource")
+        assert got == expected
+    pipeline.close()
+    sdk_provider.shutdown()
+
+
+def test_attribute_sets_past_the_cardinality_limit_share_one_overflow_series(reader):
+    from otel_verl.exporters.metric_aggregation import CARDINALITY_LIMIT
+
+    with events.trajectory("u1", "t1", step=1, agent_name="a"):
+        for i in range(CARDINALITY_LIMIT + 5):
+            with events.tool_call(f"tool-{i}", call_id=f"c{i}"):
+                pass
+    found = points(reader)
+    assert len(found[m.TOOL_DURATION]) == CARDINALITY_LIMIT + 1
+    assert one(found, m.TOOL_DURATION, **{"otel.metric.overflow": True}).count == 5
+
+
+def test_settings_only_the_sdk_has_go_through_its_meter_provider(make_pipeline, monkeypatch):
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+    exporter = InMemoryExporter()
+    processor = m.SpanMetricsProcessor(lambda: [exporter])
+    make_pipeline([processor])
+    _trajectory()
+    assert isinstance(processor.owned, MeterProvider)
+    assert processor.force_flush() and exporter.exported
+    processor.shutdown()
+
+
 def test_readers_that_cannot_be_built_are_one_failure_and_no_metrics(make_pipeline):
     health.reset()
     calls = []
@@ -192,7 +333,7 @@ def test_a_process_that_ends_no_span_builds_no_exporter():
     processor = m.SpanMetricsProcessor(lambda: built.append(1) or [])
     assert processor.force_flush()
     processor.shutdown()
-    assert built == [] and processor.meter_provider is None
+    assert built == [] and processor.owned is None
 
 
 class _HangingExporter(MetricExporter):
@@ -216,8 +357,7 @@ class _HangingExporter(MetricExporter):
 def test_shutdown_keeps_its_deadline_with_an_exporter_that_hangs(make_pipeline):
     health.reset()
     exporter = _HangingExporter()
-    processor = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)],
-                                       shutdown_timeout_s=0.2)
+    processor = m.SpanMetricsProcessor(lambda: [exporter], shutdown_timeout_s=0.2)
     make_pipeline([processor])
     _trajectory()
     try:
@@ -233,8 +373,7 @@ def test_shutdown_keeps_its_deadline_with_an_exporter_that_hangs(make_pipeline):
 def test_metric_files_hold_one_otlp_json_line_per_collection(tmp_path, make_pipeline):
     directory = str(tmp_path / "otlp")
     exporter = OtlpJsonMetricFileExporter(directory)
-    periodic = PeriodicExportingMetricReader(exporter, export_interval_millis=60_000)
-    processor = m.SpanMetricsProcessor(lambda: [periodic])
+    processor = m.SpanMetricsProcessor(lambda: [exporter])
     make_pipeline([processor])
     _trajectory("u1", "t1")
     assert processor.force_flush()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 
-from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from otel_verl import bootstrap, events, health
@@ -20,8 +19,7 @@ def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:
     """One process of a run writing spans and metric files into ``trace_dir``, where the
     configurator puts them; ``losses()`` counts its losses between two collections of its
     metrics."""
-    metrics = m.SpanMetricsProcessor(lambda: [PeriodicExportingMetricReader(
-        OtlpJsonMetricFileExporter(str(trace_dir / bootstrap.METRICS_FILES_DIR)), export_interval_millis=60_000)])
+    metrics = m.SpanMetricsProcessor(lambda: [OtlpJsonMetricFileExporter(str(trace_dir / bootstrap.METRICS_FILES_DIR))])
     spans = SimpleSpanProcessor(OtlpJsonFileExporter(str(trace_dir / "otlp")))
     pipeline = make_pipeline([metrics, spans], resource={"service.instance.id": instance})
     health.reset()

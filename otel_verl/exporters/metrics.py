@@ -1,4 +1,4 @@
-"""Metrics derived from the spans: a span processor recording into an OTel MeterProvider.
+"""Metrics derived from the spans: a span processor recording them at span ends.
 
 Data flows one way: the spans are the record, and these metrics are aggregates of them, so
 they come from the span ends in the process that writes the other outputs (the export
@@ -6,8 +6,9 @@ process where a rollout worker offloads them). What is recorded, with which attr
 the "Metrics" section of ``docs/SPANS.md``. Attributes are the few low-cardinality ones a
 dashboard groups by (stage, agent, model, tool, outcome); never a uid, traj_uid or step.
 
-The MeterProvider is built on the first span end, with that span's resource (in an export
-process, the served process's), so the metrics and the traces name the same service. It also
+Their aggregation (:mod:`otel_verl.exporters.metric_aggregation`) is built on the first span
+end, with that span's resource (in an export process, the served process's), so the metrics
+and the traces name the same service. It also
 observes otel_verl's own loss and failure counters (:mod:`otel_verl.health`) at every
 collection, so a loss shows in the backend while the run goes on; an export process adds
 those its traced process sent with its latest flush.
@@ -16,15 +17,17 @@ those its traced process sent with its latest flush.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc, server_timing
 from otel_verl.deadline import Call, Deadline
+from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport, unsupported
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject
 
@@ -60,13 +63,15 @@ TRAJECTORY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 48
 
 _PREFIX = sc.LLM_SERVER_META_PREFIX
 
-ReadersFactory = Callable[[], List[Any]]
+ExportersFactory = Callable[[], List[Any]]
 
 
 class SpanMetricsProcessor(SpanProcessor):
-    """Records the metrics of ``docs/SPANS.md`` ("Metrics") at span ends into a MeterProvider
-    whose readers ``make_readers`` builds (on the first span end: exporters that open files
-    or connections are not built for a process that ends no span), or into the user's
+    """Records the metrics of ``docs/SPANS.md`` ("Metrics") at span ends into an
+    :class:`~otel_verl.exporters.metric_aggregation.Aggregation` exported to the metric
+    exporters ``make_exporters`` builds (on the first span end: exporters that open files
+    or connections are not built for a process that ends no span), through the SDK's
+    ``MeterProvider`` where the environment asks what only it does, or into the user's
     ``meter_provider`` (``VerlInstrumentor().instrument(meter_provider=...)``), which stays
     theirs to flush and shut down."""
 
@@ -77,12 +82,13 @@ class SpanMetricsProcessor(SpanProcessor):
         Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,
     })
 
-    def __init__(self, make_readers: Optional[ReadersFactory] = None, *, meter_provider: Any = None,
+    def __init__(self, make_exporters: Optional[ExportersFactory] = None, *, meter_provider: Any = None,
                  shutdown_timeout_s: float = 10.0) -> None:
-        self.make_readers = make_readers
+        self.make_exporters = make_exporters
         self.shutdown_timeout_s = shutdown_timeout_s
         self.users_provider = meter_provider
-        self.meter_provider: Any = None  # the one this processor built and owns
+        # what this processor built and owns: a PeriodicExport, or the SDK's MeterProvider
+        self.owned: Any = None
         self._instruments: Optional[_Instruments] = None
         self._lock = threading.Lock()
         self._closed = False
@@ -101,32 +107,41 @@ class SpanMetricsProcessor(SpanProcessor):
             return
         instruments = self._instruments or self._start(span)
         if instruments is not None:
-            record(instruments, span, _exemplar_context(span))
+            record(instruments, span, instruments.exemplar_of(span))
 
     def _start(self, span: ReadableSpan) -> Optional["_Instruments"]:
         with self._lock:
             if self._instruments is None and not self._closed:
                 try:
-                    provider = self.users_provider
-                    if provider is None:
-                        from opentelemetry.sdk.metrics import MeterProvider
-
-                        # not the global provider: the span's resource, and flushed with the other outputs
-                        provider = self.meter_provider = MeterProvider(
-                            metric_readers=self.make_readers(), resource=span.resource, shutdown_on_exit=False)
-                    self._instruments = _Instruments(provider.get_meter(METER_NAME))
+                    self._instruments = _Instruments(*self._meter(span.resource))
                 except Exception as exc:  # counted once; no metrics here rather than a failure per span
                     health.record_failure("metrics.start", exc)
                     self._closed = True
             return self._instruments
 
+    def _meter(self, resource: Any) -> Tuple[Any, Callable[[ReadableSpan], Any]]:
+        """The meter to record into, and what its records take as their exemplar's context."""
+        if self.users_provider is not None:
+            return self.users_provider.get_meter(METER_NAME), _exemplar_context
+        exporters = self.make_exporters()
+        if unsupported():  # not the global provider: the span's resource, and flushed with the other outputs
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+            self.owned = MeterProvider(metric_readers=[PeriodicExportingMetricReader(e) for e in exporters],
+                                       resource=resource, shutdown_on_exit=False)
+            return self.owned.get_meter(METER_NAME), _exemplar_context
+        aggregation = Aggregation(resource, InstrumentationScope(METER_NAME))
+        self.owned = PeriodicExport(aggregation, exporters)
+        return aggregation, _span_context
+
     # ------------------------------------------------------------------ flush, shutdown
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        provider = self.meter_provider
-        if provider is None:
+        owned = self.owned
+        if owned is None:
             return True
-        return self._bounded(provider.force_flush, timeout_millis, "force_flush") is not False
+        return self._bounded(owned.force_flush, timeout_millis, "force_flush") is not False
 
     def shutdown(self) -> None:
         """Exports the last collection and stops the exporters within ``shutdown_timeout_s``;
@@ -136,9 +151,9 @@ class SpanMetricsProcessor(SpanProcessor):
         answer would take.)"""
         with self._lock:
             self._closed = True
-            provider, self.meter_provider, self._instruments = self.meter_provider, None, None
-        if provider is not None:
-            self._bounded(provider.shutdown, int(self.shutdown_timeout_s * 1000), "shutdown")
+            owned, self.owned, self._instruments = self.owned, None, None
+        if owned is not None:
+            self._bounded(owned.shutdown, int(self.shutdown_timeout_s * 1000), "shutdown")
 
     def _bounded(self, method: Callable[..., Any], timeout_millis: int, name: str) -> Any:
         # the SDK's exporters may retry past the timeout they are given
@@ -148,6 +163,10 @@ class SpanMetricsProcessor(SpanProcessor):
         except Exception as exc:  # Late included: the call goes on in the background
             health.record_failure(f"metrics.{name}", exc)
         return False
+
+
+def _span_context(span: ReadableSpan) -> Any:
+    return span.context
 
 
 def _exemplar_context(span: ReadableSpan) -> Any:
@@ -187,7 +206,8 @@ class _Instruments:
     tool: Any
     reward: Any
 
-    def __init__(self, meter: metrics_api.Meter) -> None:
+    def __init__(self, meter: metrics_api.Meter, exemplar_of: Callable[[ReadableSpan], Any]) -> None:
+        self.exemplar_of = exemplar_of  # a span -> its records' context
         for attribute, name, unit, description, buckets in _HISTOGRAMS:
             setattr(self, attribute, meter.create_histogram(name, unit=unit, description=description,
                                                             explicit_bucket_boundaries_advisory=list(buckets)))
