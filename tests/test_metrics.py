@@ -300,6 +300,32 @@ def test_attribute_sets_past_the_cardinality_limit_share_one_overflow_series(rea
     assert one(found, m.TOOL_DURATION, **{"otel.metric.overflow": True}).count == 5
 
 
+def test_a_refused_export_is_no_failed_flush_and_the_next_collection_holds_it_all(make_pipeline):
+    """As the SDK's reader: the exporter logs why it refused; the points are cumulative."""
+
+    class Refusing(InMemoryExporter):
+        refuse = True
+
+        def export(self, metrics_data, timeout_millis=10_000, **kwargs):
+            if self.refuse:
+                return MetricExportResult.FAILURE
+            return super().export(metrics_data, timeout_millis)
+
+    health.reset()
+    exporter = Refusing()
+    processor = m.SpanMetricsProcessor(lambda: [exporter])
+    make_pipeline([processor])
+    _trajectory("u1", "t1")
+    assert processor.force_flush() and exporter.exported == []
+    exporter.refuse = False
+    _trajectory("u2", "t2")
+    assert processor.force_flush()
+    assert one(points(Reader(processor, exporter)), m.TRAJECTORY_DURATION,
+               **{sc.GEN_AI_AGENT_NAME: "tool_agent"}).count == 2
+    assert health.snapshot()["failures"] == {}
+    processor.shutdown()
+
+
 def test_settings_only_the_sdk_has_go_through_its_meter_provider(make_pipeline, monkeypatch):
     from opentelemetry.sdk.metrics import MeterProvider
 
