@@ -2,10 +2,10 @@
 
 A :class:`SpanRecord` is flat: ids and flags as ints, attributes as a plain dict, events
 and links as tuples of small named tuples, the resource and scope shared by every record
-of a process, and the span's in-process :class:`~otel_verl.payload.Payload`. The events
-API's spans (:class:`otel_verl.slim_span.SlimSpan`) are records themselves, so a span's end
-hands its outputs the object it already is; the export process receives records in the
-same shape (:mod:`otel_verl.offload.wire`) and the OTLP encoder reads them as they are.
+of a process, and the span's in-process :class:`~otel_verl.payload.Payload`. The end of an
+events-API span (:class:`otel_verl.slim_span.SlimSpan`) makes its record, once, and hands
+it to every output; the export process rebuilds the same record from the wire
+(:mod:`otel_verl.offload.wire`), and the OTLP encoders read it as it is.
 
 Records read like the SDK's ``ReadableSpan`` too (``context``, ``parent``, ``status``,
 ``instrumentation_scope``, ``get_span_context()``), for span processors written against
@@ -51,7 +51,7 @@ class SpanRecord:
     __slots__ = ("name", "trace_id", "span_id", "trace_flags", "trace_state", "parent_id", "parent_remote",
                  "kind", "start_time", "end_time", "attributes", "events", "links", "status_code",
                  "status_message", "dropped_attributes", "dropped_events", "dropped_links", "resource", "scope",
-                 "payload")
+                 "payload", "_context")
 
     def __init__(self, name: str, trace_id: int, span_id: int, trace_flags: int = 0,
                  trace_state: Optional[TraceState] = None, parent_id: int = 0, parent_remote: bool = False,
@@ -81,6 +81,7 @@ class SpanRecord:
         self.resource = resource
         self.scope = scope
         self.payload = payload
+        self._context: Optional[SpanContext] = None  # made when first read: several outputs read it
 
     @property
     def sampled(self) -> bool:
@@ -90,7 +91,10 @@ class SpanRecord:
 
     @property
     def context(self) -> SpanContext:
-        return SpanContext(self.trace_id, self.span_id, False, _flags(self.trace_flags), self.trace_state)
+        if self._context is None:
+            self._context = SpanContext(self.trace_id, self.span_id, False, _flags(self.trace_flags),
+                                        self.trace_state)
+        return self._context
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -99,7 +103,9 @@ class SpanRecord:
     def parent(self) -> Optional[SpanContext]:
         if not self.parent_id:
             return None
-        return SpanContext(self.trace_id, self.parent_id, self.parent_remote, _flags(self.trace_flags))
+        # a span's trace state is its parent's, unless a sampler changed it (OTLP keeps none of a parent's)
+        return SpanContext(self.trace_id, self.parent_id, self.parent_remote, _flags(self.trace_flags),
+                           self.trace_state)
 
     @property
     def status(self) -> Status:

@@ -9,7 +9,8 @@ the whole worker heap come several times a step (see docs/PERFORMANCE.md). A
 
 It is a whole implementation of the API's :class:`opentelemetry.trace.Span`. Span
 processors get the :class:`SlimSpan` itself in ``on_start`` (it reads like a
-``ReadableSpan``) and, in ``on_end``, a ``ReadableSpan`` made by its public constructor.
+``ReadableSpan``) and, in ``on_end``, its :class:`~otel_verl.record.SpanRecord`, which
+reads like one too and which the OTLP encoder and the other outputs take as it is.
 The tracer is only used with a provider otel_verl configured: it needs the provider's
 span processor, which the provider does not hand out. A provider someone else built gets
 the SDK's own spans (see :func:`otel_verl.instrumentation.tracing.use_provider`).
@@ -25,12 +26,13 @@ from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health
 from otel_verl.ids import well_formed
+from otel_verl.record import EventRecord, LinkRecord, SpanRecord
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -120,6 +122,12 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
     return None if value is None else str(value)
 
 
+def _link_record(link: Link) -> LinkRecord:
+    context = link.context
+    return LinkRecord(context.trace_id, context.span_id, context.trace_flags, context.trace_state or None,
+                      context.is_remote, dict(link.attributes or {}))
+
+
 def _reads(field: str) -> property:
     """A read-only property of the field ``field``, as ``ReadableSpan`` has them."""
     return property(operator.attrgetter(field))
@@ -200,7 +208,7 @@ class SlimSpan(trace.Span):
         if attributes:
             attributes = {key: well_formed(value) if type(value) is str and not value.isascii() else value
                           for key, value in attributes.items()}
-        event = Event(name, attributes or None, timestamp or time_ns())
+        event = EventRecord(name, timestamp or time_ns(), attributes or {})
         self._events = (*self._events, event)
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
@@ -243,12 +251,14 @@ class SlimSpan(trace.Span):
         if self._end_time is not None:
             return
         self._end_time = end_time or time_ns()
-        tracer = self._tracer
-        tracer.processor.on_end(ReadableSpan(
-            name=self._name, context=self._context, parent=self._parent, resource=tracer.resource,
-            attributes=self._attributes, events=self._events, links=self._links, kind=self._kind,
-            status=self._status, start_time=self._start_time, end_time=self._end_time,
-            instrumentation_scope=tracer.scope,
+        tracer, context, parent, status = self._tracer, self._context, self._parent, self._status
+        # the span's one record: what every output reads, as it is (otel_verl.record)
+        tracer.processor.on_end(SpanRecord(
+            self._name, context.trace_id, context.span_id, context.trace_flags, context.trace_state or None,
+            parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, self._kind,
+            self._start_time, self._end_time, self._attributes, self._events,
+            tuple(map(_link_record, self._links)) if self._links else (), status.status_code, status.description,
+            resource=tracer.resource, scope=tracer.scope,
         ))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

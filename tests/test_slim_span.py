@@ -158,3 +158,30 @@ def test_start_as_current_span_records_what_the_block_raises():
     (event,) = ended.events
     assert event.name == "exception" and event.attributes["exception.type"] == "ValueError"
     assert "boom" in event.attributes["exception.stacktrace"]
+
+
+def test_a_span_ends_as_the_one_record_every_output_reads():
+    """The processors get the span's SpanRecord: otel_verl's OTLP encoders take it as it
+    is, and the SDK's encoder (a user's exporter on otel_verl's provider) writes the same
+    bytes for it as for the SDK's own span."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_verl.exporters.otlp_encoding import ProtobufEncoder, records_of
+    from otel_verl.record import SpanRecord
+
+    pipeline = Pipeline()
+    _scenario(pipeline.sdk)
+    _scenario(pipeline.slim)
+    sdk, slim = pipeline.ended()[:2], pipeline.ended()[2:]
+    assert all(type(span) is SpanRecord for span in slim)
+    assert all(a is b for a, b in zip(records_of(slim), slim))
+    for ours, theirs in zip(slim, sdk):
+        # the same span but for its ids, times and scope version
+        ours.scope = theirs.instrumentation_scope
+        ours.trace_id, ours.span_id, ours.start_time, ours.end_time = (
+            theirs.context.trace_id, theirs.context.span_id, theirs.start_time, theirs.end_time)
+        ours.parent_id = theirs.parent.span_id if theirs.parent is not None else 0
+        ours.events = tuple(e._replace(timestamp=t.timestamp) for e, t in zip(ours.events, theirs.events))
+        ours._context = None
+        assert encode_spans([ours]).SerializeToString() == encode_spans([theirs]).SerializeToString()
+        assert ProtobufEncoder().encode([ours]) == encode_spans([theirs]).SerializeToString()

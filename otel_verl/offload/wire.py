@@ -51,13 +51,13 @@ import struct
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from otel_verl.payload import Payload, TrajectoryData, TurnData
-from otel_verl.record import bounded_attributes, bounded_list
+from otel_verl.record import EventRecord, LinkRecord, SpanRecord
 from otel_verl.semconv import Subject
 
 VERSION = 3  # of this wire format: a change to any message below needs a new one
@@ -353,29 +353,26 @@ def _scope(scope: InstrumentationScope) -> ScopeSnapshot:
 
 
 class Rebuilder:
-    """Snapshots back into ``ReadableSpan`` objects, with the served process's resource."""
+    """Snapshots back into :class:`~otel_verl.record.SpanRecord` objects (what the served
+    process's outputs get), with the served process's resource."""
 
     def __init__(self, config: HostConfig) -> None:
         self.resource = Resource(config.resource_attributes, config.resource_schema_url)
         self._scopes: Dict[ScopeSnapshot, InstrumentationScope] = {}
 
-    def span(self, snapshot: SpanSnapshot) -> ReadableSpan:
-        return ReadableSpan(
-            snapshot.name,
-            context=_span_context(snapshot.context),
-            parent=_span_context(snapshot.parent) if snapshot.parent is not None else None,
-            resource=self.resource,
-            attributes=bounded_attributes(snapshot.attributes, snapshot.dropped_attributes),
-            events=bounded_list([Event(e.name, bounded_attributes(e.attributes, e.dropped_attributes), e.timestamp)
-                                 for e in snapshot.events], snapshot.dropped_events),
-            links=bounded_list([Link(_span_context(link.context),
-                                     bounded_attributes(link.attributes, link.dropped_attributes))
-                                for link in snapshot.links], snapshot.dropped_links),
-            kind=snapshot.kind,
-            status=Status(snapshot.status_code, snapshot.status_description),
-            start_time=snapshot.start_time,
-            end_time=snapshot.end_time,
-            instrumentation_scope=self._scope(snapshot.scope) if snapshot.scope is not None else None,
+    def span(self, snapshot: SpanSnapshot) -> SpanRecord:
+        context, parent = snapshot.context, snapshot.parent
+        return SpanRecord(
+            snapshot.name, context.trace_id, context.span_id, context.trace_flags, _trace_state(context),
+            parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, snapshot.kind,
+            snapshot.start_time, snapshot.end_time, snapshot.attributes,
+            tuple(EventRecord(e.name, e.timestamp, e.attributes, e.dropped_attributes) for e in snapshot.events),
+            tuple(LinkRecord(link.context.trace_id, link.context.span_id, link.context.trace_flags,
+                             _trace_state(link.context), link.context.is_remote, link.attributes,
+                             link.dropped_attributes) for link in snapshot.links),
+            snapshot.status_code, snapshot.status_description, snapshot.dropped_attributes, snapshot.dropped_events,
+            snapshot.dropped_links, self.resource,
+            self._scope(snapshot.scope) if snapshot.scope is not None else None,
         )
 
     def _scope(self, scope: ScopeSnapshot) -> InstrumentationScope:
@@ -386,8 +383,7 @@ class Rebuilder:
         return made
 
 
-def _span_context(context: ContextSnapshot) -> SpanContext:
-    return SpanContext(context.trace_id, context.span_id, context.is_remote, TraceFlags(context.trace_flags),
-                       TraceState(list(context.trace_state)) if context.trace_state else None)
+def _trace_state(context: ContextSnapshot) -> Optional[TraceState]:
+    return TraceState(list(context.trace_state)) if context.trace_state else None
 
 
