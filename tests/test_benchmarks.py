@@ -178,6 +178,21 @@ def test_the_sdk_cost_benchmark_prices_a_trajectorys_spans_and_records():
                      proc.stdout), proc.stdout
 
 
+def test_the_span_cost_benchmark_prices_each_output_by_kind_of_span():
+    """bench_span_costs, tiny size: a row per output and for the events API, a column per
+    kind of span, nothing lost."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_span_costs.py"), "--quick"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {line.split(" | ")[0].strip("| "): line for line in proc.stdout.splitlines() if line.startswith("| ")}
+    for part in ("events API, no output (the calling thread)", "sample_csv", "progress_log", "trajectory_jsonl",
+                 "otlp_json_file", "otlp", "metrics", "all of the above"):
+        assert re.fullmatch(r"\| [^|]+ \| -?\d+ µs \| -?\d+ µs \| -?\d+ µs \|", rows[part]), proc.stdout
+    assert "dropped: none; failures: none" in proc.stdout, proc.stdout
+
+
 def test_the_perfetto_benchmark_converts_every_generated_span(tmp_path):
     """bench_perfetto, tiny size (16 prompts x 4 trajectories of 2 turns): every generated
     span is a slice of the file it timed, with a track and a flow per trajectory."""
