@@ -876,6 +876,11 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
         os.environ["VERL_TRACE_DIR"] = trace_dir
         os.environ["OTEL_VERL_OTLP_FILE"] = "0"
         os.environ["OTEL_VERL_OFFLOAD"] = "1" if variant.endswith("offload") else "0"
+        # this one process runs the step's N_WORKERS rollout workers, each of which queues
+        # for its own export process in a real run: their queues' room together
+        from otel_verl.settings import DEFAULT_MAX_QUEUE_MB
+
+        os.environ["OTEL_VERL_MAX_QUEUE_MB"] = str(N_WORKERS * DEFAULT_MAX_QUEUE_MB)
         if variant.startswith("legacy+otlp"):
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.endpoint
             os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = args.protocol
