@@ -8,10 +8,10 @@ dashboard groups by (stage, agent, model, tool, outcome); never a uid, traj_uid 
 
 Their aggregation (:mod:`otel_verl.exporters.metric_aggregation`) is built on the first span
 end, with that span's resource (in an export process, the served process's), so the metrics
-and the traces name the same service. It also
-observes otel_verl's own loss and failure counters (:mod:`otel_verl.health`) at every
-collection, so a loss shows in the backend while the run goes on; an export process adds
-those its traced process sent with its latest flush.
+and the traces name the same service. It also observes otel_verl's own loss and failure
+counters (:mod:`otel_verl.health`) at every collection, so a loss shows in the backend
+while the run goes on; an export process adds those its traced process sent with its
+latest flush.
 """
 
 from __future__ import annotations
