@@ -33,7 +33,7 @@ import re
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
-from otel_verl import forks, carriers, health, settings
+from otel_verl import carriers, forks, health, settings
 
 logger = logging.getLogger("otel_verl")
 
@@ -48,6 +48,8 @@ _pid = os.getpid()  # kept current by a fork hook: every carrier unpickled asks 
 def _after_fork_in_child() -> None:
     global _pid
     _pid = os.getpid()
+
+
 setup_hook_calls = 0  # how often the hook ran in this process (tests, doctor)
 
 

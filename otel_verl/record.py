@@ -144,12 +144,17 @@ def from_readable(span: Any, payload: Any = None) -> SpanRecord:
         parent.span_id if parent is not None else 0, bool(parent.is_remote) if parent is not None else False,
         span.kind, span.start_time, span.end_time, dict(span.attributes or {}),
         tuple(EventRecord(e.name, e.timestamp, dict(e.attributes or {}), _dropped(e.attributes)) for e in span.events),
-        tuple(LinkRecord(link.context.trace_id, link.context.span_id, int(link.context.trace_flags),
-                         link.context.trace_state or None, bool(link.context.is_remote), dict(link.attributes or {}),
-                         _dropped(link.attributes)) for link in span.links),
+        tuple(map(link_record, span.links)),
         status.status_code, status.description, span.dropped_attributes, span.dropped_events, span.dropped_links,
         span.resource, span.instrumentation_scope, payload,
     )
+
+
+def link_record(link: Any) -> LinkRecord:
+    """The record of an API ``Link``."""
+    context = link.context
+    return LinkRecord(context.trace_id, context.span_id, int(context.trace_flags), context.trace_state or None,
+                      bool(context.is_remote), dict(link.attributes or {}), _dropped(link.attributes))
 
 
 _FLAGS = {bits: TraceFlags(bits) for bits in range(256)}

@@ -32,7 +32,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from otel_verl import health
 from otel_verl.ids import well_formed
-from otel_verl.record import EventRecord, LinkRecord, SpanRecord
+from otel_verl.record import EventRecord, SpanRecord, link_record
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -120,12 +120,6 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
         items = tuple(_otlp_value(item, max_length) for item in value)
         return items if None not in items else None
     return None if value is None else str(value)
-
-
-def _link_record(link: Link) -> LinkRecord:
-    context = link.context
-    return LinkRecord(context.trace_id, context.span_id, context.trace_flags, context.trace_state or None,
-                      context.is_remote, dict(link.attributes or {}))
 
 
 def _reads(field: str) -> property:
@@ -257,7 +251,7 @@ class SlimSpan(trace.Span):
             self._name, context.trace_id, context.span_id, context.trace_flags, context.trace_state or None,
             parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, self._kind,
             self._start_time, self._end_time, self._attributes, self._events,
-            tuple(map(_link_record, self._links)) if self._links else (), status.status_code, status.description,
+            tuple(map(link_record, self._links)) if self._links else (), status.status_code, status.description,
             resource=tracer.resource, scope=tracer.scope,
         ))
 

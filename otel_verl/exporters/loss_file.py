@@ -6,10 +6,11 @@ rollout worker's counts of its last seconds reached only its log. :class:`LossFi
 keeps ``{trace_dir}/losses/losses-{host}-pid{pid}.json`` current: rewritten (a new file
 renamed over the old one, so a reader never sees half of it) at most every
 ``interval_s`` while the counters change, and a last time when the outputs shut down,
-after every other output counted its losses (``finish_order``); a flush writes it
-after the other outputs' flushes too, so that it says what they still hold after it. In a rollout worker's
-export process the file is the worker's (its pid), with the worker's own counters as of
-its last message and what the export process counted, so it survives the worker.
+after every other output counted its losses (``finish_order``); a flush writes it after
+the other outputs' flushes too, so that it says what they still hold after them. In a
+rollout worker's export process the file is the worker's (its pid), with the worker's own
+counters as of its last message and what the export process counted, so it survives the
+worker.
 ``otel-verl report`` sums the files of a run.
 
 A file holds ``{"pid", "host", "resource", "final", "time_unix_nano", "dropped",

@@ -6,8 +6,9 @@ nine records. The span metrics need much less: a few instruments created once, a
 otel_verl builds itself, cumulative temporality, explicit buckets, trace-based exemplars.
 :class:`Aggregation` does that much (the ``create_*`` methods of a ``Meter`` and the
 ``record``/``add`` of its instruments, so the recorders of :mod:`otel_verl.exporters.metrics`
-serve both; a record's ``context`` may be the span's ``SpanContext``), and builds the SDK's public data model (``MetricsData``) at each collection;
-:class:`PeriodicExport` hands that to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
+serve both; a record's ``context`` may be the span's ``SpanContext``), and builds the SDK's
+public data model (``MetricsData``) at each collection; :class:`PeriodicExport` hands that
+to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
 The data points equal the SDK's for the same records (``tests/test_metrics.py``). Whatever
 the environment asks that this does not do (delta temporality, exponential histograms,
 another exemplar filter: :func:`unsupported`) goes through the SDK's ``MeterProvider``.

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from opentelemetry import trace
 
-from otel_verl import forks, events, health, settings as settings_mod
+from otel_verl import events, forks, health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
