@@ -187,12 +187,12 @@ class _Capture:
 
 
 def install(processors: Iterable[SpanProcessor]) -> TracerProvider:
-    """An events runtime like bootstrap's (uid ids, dropped samples recorded)."""
+    """A tracing state like bootstrap's (uid ids, dropped samples recorded)."""
     provider = TracerProvider(sampler=record_dropped_samples(ALWAYS_ON), id_generator=UidIdGenerator())
     for processor in processors:
         provider.add_span_processor(processor)
     cfg = settings.load({"OTEL_VERL_ENABLED": "1"})
-    events._install(events._Runtime(provider.get_tracer("bench"), provider.id_generator, cfg))
+    events.install(events.TracingState(provider, provider.get_tracer("bench"), provider.id_generator, cfg))
     return provider
 
 
@@ -251,7 +251,7 @@ def run_once(name: str, make: Callable[[str], Optional[SpanProcessor]], stream: 
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         return Result(name, units, cpu, wall, dropped(processor) if processor is not None else 0)
     finally:
-        events._install(None)
+        events.install(None)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -81,7 +81,8 @@ def run_otel_verl(n: int, out_dir: str, tok: VocabTokenizer, prompt: List[int], 
     if with_processor:
         processor = TrajectoryJsonlProcessor(out_dir, discovery_path=None)
         provider.add_span_processor(processor)
-    events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, settings.load({"OTEL_VERL_ENABLED": "1"})))
+    events.install(events.TracingState(provider, provider.get_tracer("otel_verl"), ids,
+                                        settings.load({"OTEL_VERL_ENABLED": "1"})))
     try:
         uid = "92ee95cb-f14d-4a51-92a5-9a2a0f88d1d5"
 
@@ -98,7 +99,7 @@ def run_otel_verl(n: int, out_dir: str, tok: VocabTokenizer, prompt: List[int], 
         return _measure(n, one, lambda: processor.force_flush() if processor else None)
     finally:
         provider.shutdown()
-        events._install(None)
+        events.install(None)
 
 
 # --------------------------------------------------------------------------- seed-like baseline

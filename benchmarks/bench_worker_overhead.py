@@ -18,7 +18,7 @@ Two measurements in one invocation:
    the remaining one-time costs (first files, first export connection, first calls).
 
    - **A/B in one run** (``--ab-pairs``): measured steps alternate tracing on / paused in
-     the workers (the ``events`` runtime uninstalled, so every events call is a no-op),
+     the workers (the tracing state uninstalled, so every events call is a no-op),
      in the same processes; a step's window is its generation plus a flush of the
      workers' outputs. Added CPU per trajectory / per LLM turn = median(on) -
      median(paused) of the steps' CPU divided by their trajectories / generate calls.
@@ -201,7 +201,7 @@ class WorkerCpuProbe:
     of fit (which flushes the workers' outputs). ``ab`` mode (tracing on): one window per
     measured step, from just before its generation to just after it and a flush of the
     workers' outputs (so the step's writing and exporting is in its window), with tracing
-    in the workers paused (``events`` runtime uninstalled) on every other measured step:
+    in the workers paused (tracing state uninstalled) on every other measured step:
     on, off, on, off, ... in the same processes. The warm-up steps pay the one-time costs
     (first files, first export connection, first-call code paths); the pipeline set-up
     itself is measured before fit."""
@@ -310,16 +310,16 @@ def _actor_tracing_setup(actor: Any = None) -> bool:
 
 
 def _actor_set_tracing(actor: Any, on: bool) -> bool:
-    """Pause (uninstall the events runtime: every events call is then a no-op) or resume
+    """Pause (uninstall the tracing state: every events call is then a no-op) or resume
     tracing in this worker, between steps."""
     import builtins
 
     from otel_verl import events
 
-    saved = "_otel_verl_bench_runtime"
-    if events._runtime is not None:
-        setattr(builtins, saved, events._runtime)
-    events._install(getattr(builtins, saved, None) if on else None)
+    saved = "_otel_verl_bench_state"
+    if events.state() is not None:
+        setattr(builtins, saved, events.state())
+    events.install(getattr(builtins, saved, None) if on else None)
     return events.enabled()
 
 
@@ -445,7 +445,7 @@ PACE_S = 0.002  # paced runs: one trajectory every ~2 ms
 
 def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     """The rollout worker's pipeline as bootstrap builds it, with the processors up to
-    ``variant``. Returns the provider (installed as the events runtime)."""
+    ``variant``. Returns the provider (installed as the tracing state)."""
     from opentelemetry.sdk.trace import TracerProvider
 
     from otel_verl import bootstrap, events, settings
@@ -462,7 +462,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     )
     if variant == OFFLOAD_VARIANT:
         provider.add_span_processor(bootstrap._offload(cfg, provider.resource))
-        events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, cfg, sampler))
+        events.install(events.TracingState(provider, provider.get_tracer("otel_verl"), ids, cfg, sampler))
         return provider
     level = MICRO_VARIANTS.index(variant)
     if level >= 1:
@@ -477,7 +477,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
 
         exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as bootstrap
         provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp", cfg, **bootstrap._bsp_options()))
-    events._install(events._Runtime(provider.get_tracer("otel_verl"), ids, cfg, sampler))
+    events.install(events.TracingState(provider, provider.get_tracer("otel_verl"), ids, cfg, sampler))
     return provider
 
 
@@ -620,7 +620,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
             return measure_seed(variant, turns, n)
         provider = _micro_pipeline(variant, os.path.join(root, f"{variant}-{turns}"), args.endpoint) if variant else None
         if provider is None:
-            events._install(None)
+            events.install(None)
         _micro_workload(min(50, count), turns, tokenizer, carrier_bytes, client)  # warm-up: files, threads, connection
         if provider is not None:
             provider.force_flush()
@@ -636,13 +636,13 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
         e1 = sum(_cpu_seconds(pid) for pid in exporters)
         if provider is not None:
             provider.shutdown()
-            events._install(None)
+            events.install(None)
         return {"total_us": (p1 - p0) / n * 1e6, "loop_us": (t1 - t0) / n * 1e6, "export_us": (e1 - e0) / n * 1e6}
 
     def measure_seed(variant: str, turns: int, n: int) -> Dict[str, float]:
         from bench_seed_comparison import Seed
 
-        events._install(None)
+        events.install(None)
         replay = Seed(os.path.join(root, f"{variant}-{turns}-{time.time_ns()}")) if variant == "seed" else None
         if replay is not None:
             replay.step = 1
@@ -693,7 +693,7 @@ def child_micro(args: argparse.Namespace) -> Dict[str, Any]:
         profiler.disable()
         provider.force_flush()
         provider.shutdown()
-        events._install(None)
+        events.install(None)
         buf = io.StringIO()
         pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(18)
         results["profile"] = buf.getvalue()

@@ -80,7 +80,7 @@ class Workload:
 
         if not bootstrap.configure(role="agent_loop_worker"):
             raise RuntimeError("otel_verl did not configure")
-        self._runtime, self._core, self._hooks, self._agent_run = _core._runtime, _core, hooks, _agent_run
+        self._state, self._core, self._hooks, self._agent_run = _core.state(), _core, hooks, _agent_run
         self.stand_ins, self.n = stand_ins, n
 
         class FourTurnAgentLoop(stand_ins.ToolAgentLoop):
@@ -112,9 +112,9 @@ class Workload:
         if on:
             self.stand_ins.install_otel_verl()
             self._hooks.install_on(self._four, "run", self._agent_run)
-            self._core._install(self._runtime)
+            self._core.install(self._state)
         else:
-            self._core._install(None)
+            self._core.install(None)
             self._hooks.uninstall_all()
 
     def _row(self, i: int, chunk: Optional[List[Any]]) -> Dict[str, Any]:

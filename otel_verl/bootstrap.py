@@ -588,14 +588,11 @@ def _shutdown_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The SDK's BatchSpanProcessor and our writers restart their threads in the child
-    # themselves. Locks another thread held at fork time would never be released here,
-    # and the samples and step the parent opened are the parent's to end.
+    # The SDK's BatchSpanProcessor, our writers and the events API's state reset
+    # themselves in the child. A lock another thread held at fork time would never be
+    # released here.
     global _lock, _shut_down
     _lock = threading.RLock()
     _shut_down = None  # a shutdown the parent had under way is the parent's
-    from otel_verl import events
-
-    events._after_fork_in_child()
 
 

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (otel_binaries, 
 class Pipeline:
     """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler, the
     events API's spans started by a SlimTracer) with the given processors and an
-    in-memory exporter, installed as the events runtime. ``sdk_spans``: the events API
+    in-memory exporter, installed as the tracing state. ``sdk_spans``: the events API
     starts the SDK's own spans instead, as with a provider otel_verl did not build."""
 
     def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None,

@@ -1,7 +1,8 @@
 """VerlInstrumentor as an opentelemetry-python-contrib instrumentor: it reports to the
 provider it is given (or the global one) and builds none; otel_verl's configurator hands
 it ``provider_for_role`` instead. Carriers name the configurator only where one runs.
-Each case runs in a fresh interpreter: instrumenting and providers are process-wide."""
+A case runs in a fresh interpreter where it sets the global provider or asks which
+modules a process imported."""
 
 import os
 import subprocess
@@ -12,21 +13,13 @@ import pytest
 
 pytestmark = pytest.mark.verl  # instrument() checks the installed verl
 
-SPANS = """
-    from opentelemetry.sdk.trace import TracerProvider
+# what a fresh interpreter's case starts with: this module's helpers
+SPANS = f"""
+    import sys
+    sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    def provider_with_exporter():
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        return provider, exporter
-
-    def one_sample(uid):
-        from otel_verl import events
-        events.samples_created([uid], step=1, trainer="RayPPOTrainer")
-        events.samples_finished([uid], "trained")
+    from test_instrumentor import _provider_with_exporter as provider_with_exporter, _one_sample as one_sample
 """
 
 
@@ -38,59 +31,110 @@ def _run(code: str, env: dict | None = None) -> str:
     return proc.stdout
 
 
-def test_spans_go_to_the_provider_given_and_no_provider_is_built():
-    out = _run("""
-        from opentelemetry import trace
-        from otel_verl import bootstrap
-        from otel_verl.instrumentation import VerlInstrumentor, tracing
+@pytest.fixture
+def instrumentor():
+    """``VerlInstrumentor()``, uninstrumented after the test, leaving the events API as it
+    found it (the instrumentor is a process-wide singleton, as in contrib)."""
+    from otel_verl import events
+    from otel_verl.instrumentation import VerlInstrumentor, tracing
 
-        provider, exporter = provider_with_exporter()
-        VerlInstrumentor().instrument(tracer_provider=provider)
-        one_sample("u-1")
-        assert tracing.flush()
-        assert [s.name for s in exporter.get_finished_spans()] == ["verl.sample"]
-        assert [s.instrumentation_scope.name for s in exporter.get_finished_spans()] == ["otel_verl"]
-        assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # the global one untouched
-        assert not bootstrap.is_configured()
-        VerlInstrumentor().uninstrument()
-        one_sample("u-2")  # the events API keeps its provider: one's own code may still report
-        assert len(exporter.get_finished_spans()) == 2
-        print("ok")
-    """, {"OTEL_VERL_ENABLED": "1"})
-    assert out.strip() == "ok"
+    before = events.state()
+    yield VerlInstrumentor()
+    VerlInstrumentor().uninstrument()
+    tracing.stop()
+    events.install(before)
 
 
-def test_metrics_go_to_the_meter_provider_given():
-    out = _run("""
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-        from otel_verl import events
-        from otel_verl.instrumentation import VerlInstrumentor
+def _provider_with_exporter():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-        provider, exporter = provider_with_exporter()
-        reader = InMemoryMetricReader()
-        meters = MeterProvider(metric_readers=[reader])
-        VerlInstrumentor().instrument(tracer_provider=provider, meter_provider=meters)
-        one_sample("u-1")
-        with events.trajectory("u-1", "0", step=1, agent_name="tool_agent"):
-            pass
-        names = {m.name: m for rm in reader.get_metrics_data().resource_metrics
-                 for sm in rm.scope_metrics for m in sm.metrics}
-        assert names["verl.samples"].data.data_points[0].value == 1
-        assert names["verl.trajectory.duration"].data.data_points[0].count == 1
-        VerlInstrumentor().uninstrument()
-        with events.trajectory("u-2", "0", step=1, agent_name="tool_agent"):
-            pass  # uninstrumented: no more metrics into the user's provider
-        names = {m.name: m for rm in reader.get_metrics_data().resource_metrics
-                 for sm in rm.scope_metrics for m in sm.metrics}
-        assert names["verl.trajectory.duration"].data.data_points[0].count == 1
-        meters.shutdown()  # the user's to shut down, not otel_verl's
-        print("ok")
-    """, {"OTEL_VERL_ENABLED": "1"})
-    assert out.strip() == "ok"
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _one_sample(uid):
+    from otel_verl import events
+
+    events.samples_created([uid], step=1, trainer="RayPPOTrainer")
+    events.samples_finished([uid], "trained")
+
+
+def _names(exporter):
+    return [s.name for s in exporter.get_finished_spans()]
+
+
+def test_spans_go_to_the_provider_given_and_no_provider_is_built(instrumentor):
+    from opentelemetry import trace
+
+    from otel_verl import bootstrap
+    from otel_verl.instrumentation import tracing
+
+    provider, exporter = _provider_with_exporter()
+    instrumentor.instrument(tracer_provider=provider)
+    _one_sample("u-1")
+    assert tracing.flush()
+    assert _names(exporter) == ["verl.sample"]
+    assert [s.instrumentation_scope.name for s in exporter.get_finished_spans()] == ["otel_verl"]
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # the global one untouched
+    assert not bootstrap.is_configured()
+    instrumentor.uninstrument()
+    _one_sample("u-2")  # the events API keeps its provider: one's own code may still report
+    assert len(exporter.get_finished_spans()) == 2
+
+
+def test_a_second_instrumentation_reports_to_its_own_provider(instrumentor):
+    from otel_verl import events
+
+    first, first_spans = _provider_with_exporter()
+    second, second_spans = _provider_with_exporter()
+    instrumentor.instrument(tracer_provider=first)
+    first_state = events.state()
+    events.samples_created(["open"], step=1, trainer="RayPPOTrainer")
+    _one_sample("u-1")
+    instrumentor.uninstrument()
+    instrumentor.instrument(tracer_provider=second)
+    _one_sample("u-2")
+    assert events.open_sample_count() == 0  # the first one's open sample is not the second's
+    with first_state.activated():  # the first instrumentation's state lives on beside it
+        _one_sample("u-3")
+        events.samples_finished(["open"], "trained")
+    assert _names(second_spans) == ["verl.sample"]
+    assert [s.attributes["verl.uid"] for s in first_spans.get_finished_spans()] == ["u-1", "u-3", "open"]
+
+
+def test_metrics_go_to_the_meter_provider_given(instrumentor):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from otel_verl import events
+
+    def points():
+        return {m.name: m for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics}
+
+    provider, _ = _provider_with_exporter()
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    instrumentor.instrument(tracer_provider=provider, meter_provider=meters)
+    _one_sample("u-1")
+    with events.trajectory("u-1", "0", step=1, agent_name="tool_agent"):
+        pass
+    names = points()
+    assert names["verl.samples"].data.data_points[0].value == 1
+    assert names["verl.trajectory.duration"].data.data_points[0].count == 1
+    instrumentor.uninstrument()
+    with events.trajectory("u-2", "0", step=1, agent_name="tool_agent"):
+        pass  # uninstrumented: no more metrics into the user's provider
+    assert points()["verl.trajectory.duration"].data.data_points[0].count == 1
+    meters.shutdown()  # the user's to shut down, not otel_verl's
 
 
 def test_without_a_provider_spans_go_to_the_global_one_even_set_later():
+    # a fresh interpreter: the global provider can be set once per process
     out = _run("""
         from opentelemetry import trace
         from otel_verl.instrumentation import VerlInstrumentor
@@ -105,27 +149,24 @@ def test_without_a_provider_spans_go_to_the_global_one_even_set_later():
     assert out.strip() == "ok"
 
 
-def test_provider_for_role_is_asked_once_by_the_first_wrapper_that_fires():
-    out = _run("""
-        from otel_verl import events
-        from otel_verl.instrumentation import VerlInstrumentor, tracing
+def test_provider_for_role_is_asked_once_by_the_first_wrapper_that_fires(instrumentor):
+    from otel_verl import events
+    from otel_verl.instrumentation import tracing
 
-        provider, exporter = provider_with_exporter()
-        asked = []
+    provider, exporter = _provider_with_exporter()
+    asked = []
 
-        def provider_for_role(role):
-            asked.append(role)
-            return provider
+    def provider_for_role(role):
+        asked.append(role)
+        return provider
 
-        VerlInstrumentor().instrument(provider_for_role=provider_for_role)
-        assert asked == [] and not events.enabled()
-        assert tracing.ensure("agent_loop_worker") and tracing.ensure("trainer")
-        assert asked == ["agent_loop_worker"]
-        one_sample("u-1")
-        assert [s.name for s in exporter.get_finished_spans()] == ["verl.sample"]
-        print("ok")
-    """)
-    assert out.strip() == "ok"
+    tracing.stop()  # no state yet in this process
+    instrumentor.instrument(provider_for_role=provider_for_role)
+    assert asked == [] and not events.enabled()
+    assert tracing.ensure("agent_loop_worker") and tracing.ensure("trainer")
+    assert asked == ["agent_loop_worker"]
+    _one_sample("u-1")
+    assert _names(exporter) == ["verl.sample"]
 
 
 CARRIER = """

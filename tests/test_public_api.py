@@ -159,7 +159,7 @@ def test_the_scan_finds_each_kind_of_use(tmp_path, source):
 
 def test_the_scan_lets_our_own_private_names_be():
     source = ("from otel_verl.events import _core\n"
-              "class A:\n    def f(self):\n        return self._x, _core._runtime, super()._y\n")
+              "class A:\n    def f(self):\n        return self._x, _core._installed, super()._y\n")
     scan = _Scan(PACKAGE / "_probe_not_a_module.py")
     scan.visit(ast.parse(source))
     assert scan.problems == []

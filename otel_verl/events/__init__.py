@@ -42,9 +42,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_verl.events._core import _install, _Runtime, enabled, is_validating, validating, current_span_scope
+from otel_verl.events._core import TracingState, enabled, install, is_validating, state, validating, current_span_scope
 from otel_verl.events._core import _capturing_content as capturing_content
-from otel_verl.events import prompt_task as _prompt_task
 from otel_verl.events.prompt_task import (
     end_open_prompt_tasks,
     open_prompt_task_count,
@@ -54,7 +53,6 @@ from otel_verl.events.prompt_task import (
 )
 from otel_verl.events.reward_worker import RewardWorkerCall, reward_worker_call
 from otel_verl.events.server import ServerCall, current_server_call, llm_server_call
-from otel_verl.events import trainer as _trainer
 from otel_verl.events.trainer import (
     StageHandle,
     current_stage,
@@ -91,16 +89,3 @@ from otel_verl.events.worker import (
     trajectory,
     trajectory_score,
 )
-
-
-def _after_fork_in_child() -> None:
-    _trainer._after_fork_in_child()
-    _prompt_task._after_fork_in_child()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "_runtime":  # rebound by _install: read it where it lives
-        from otel_verl.events import _core
-
-        return _core._runtime
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
-"""Shared plumbing of the events API: the runtime handed over by bootstrap, bounded text,
-the open-sample registry, the validation flag and the span helpers."""
+"""Shared plumbing of the events API: the tracing state (one object, one slot), bounded text,
+the open-span registries, the validation flag and the span helpers."""
 
 from __future__ import annotations
 
@@ -8,42 +8,83 @@ import contextvars
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_verl import health, payload, semconv as sc
+from otel_verl import forks, health, payload, semconv as sc
 from otel_verl.ids import root_span_id_for_uid, trace_id_for_uid, well_formed
 from otel_verl.payload import Payload
 from otel_verl.semconv import Subject, Outcome
 
-# --------------------------------------------------------------------------- runtime
+# --------------------------------------------------------------------------- state
 
 
-class _Runtime:
-    """What :func:`otel_verl.bootstrap.configure` hands to the events API."""
+class TracingState:
+    """The run's tracing state in this process: what the events API reports to (the
+    provider, its tracer and ids, otel_verl's settings, the sampler) and the spans it
+    keeps open between calls (sample roots, prompt tasks, the trainer's step and stages).
 
-    def __init__(self, tracer: trace.Tracer, id_generator: Any, settings: Any, sampler: Any = None) -> None:
+    Built by :func:`otel_verl.instrumentation.tracing.use_provider` and installed in the
+    process's one slot; :meth:`activated` makes another one current for a block (a
+    context, so each thread and asyncio task sees its own)."""
+
+    def __init__(self, provider: Any, tracer: trace.Tracer, id_generator: Any, settings: Any,
+                 sampler: Any = None) -> None:
+        self.provider = provider
         self.tracer = tracer
         self.ids = id_generator
         self.settings = settings
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
-        self.samples = _SampleRegistry(settings.max_open_samples)
         self.capture_content = bool(getattr(settings, "capture_content", False))
+        self._new_registries()
+
+    def _new_registries(self) -> None:
+        limit = self.settings.max_open_samples
+        self.samples = _OpenRegistry(limit, _end_sample_entry)  # uid -> _SampleEntry (trainer)
+        self.prompt_tasks = _OpenRegistry(limit, _end)  # uid -> prompt-task span (v1 rollout worker)
+        self.trainer = _TrainerSpans()
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's open spans are the parent's to end, and a lock
+        another thread held at fork time would never be released here."""
+        self._new_registries()
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator["TracingState"]:
+        """The events API reports to this state inside the block."""
+        token = _active.set(self)
+        try:
+            yield self
+        finally:
+            _active.reset(token)
 
 
-_runtime: Optional[_Runtime] = None
+_installed: Optional[TracingState] = None  # the process's one slot
+_active: contextvars.ContextVar[Optional[TracingState]] = contextvars.ContextVar("otel_verl_tracing", default=None)
 
 
-def _install(runtime: Optional[_Runtime]) -> None:
-    global _runtime
-    _runtime = runtime
+def install(tracing: Optional[TracingState]) -> None:
+    """Make ``tracing`` the process's state (``None``: the events API reports nowhere)."""
+    global _installed
+    _installed = tracing
+
+
+def state() -> Optional[TracingState]:
+    """The state the events API reports to here: the activated one, else the installed one."""
+    return _active.get() or _installed
 
 
 def enabled() -> bool:
-    return _runtime is not None
+    return state() is not None
+
+
+@forks.in_child
+def _reset_in_child() -> None:
+    if _installed is not None:
+        _installed.after_fork()
 
 
 # --------------------------------------------------------------------------- helpers
@@ -67,7 +108,7 @@ def _is_number(value: Any) -> bool:
 
 def _capturing_content() -> bool:
     """Message content goes on spans only when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT opts in."""
-    rt = _runtime
+    rt = state()
     return rt is not None and rt.capture_content
 
 
@@ -80,7 +121,8 @@ def _sample_root_context(uid: str) -> otel_context.Context:
     """Parent for a span of sample ``uid`` when no carrier came with it: the sample
     root's derived ids (see :func:`otel_verl.ids.root_span_id_for_uid`)."""
     trace_id = trace_id_for_uid(uid)
-    sampler = getattr(_runtime, "sampler", None) if _runtime is not None else None
+    rt = state()
+    sampler = rt.sampler if rt is not None else None
     sampled = sampler.is_sampled(trace_id) if hasattr(sampler, "is_sampled") else True
     parent = SpanContext(
         trace_id=trace_id,
@@ -112,47 +154,64 @@ class _SampleEntry:
         self.step = step
 
 
-class _SampleRegistry:
-    """Open sample root spans on the trainer, bounded: the oldest is ended (with an
-    explanatory outcome) when the limit is reached, so nothing stays open forever."""
+class _OpenRegistry:
+    """What the events API keeps open between calls, by key (a uid), bounded: the oldest
+    is ended with an explanatory outcome when the limit is reached, so nothing stays open
+    forever. ``end(value, outcome)`` ends a value."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, end: Callable[[Any, str], None]) -> None:
         self._limit = max(1, limit)
-        self._open: "OrderedDict[str, _SampleEntry]" = OrderedDict()
+        self._end = end
+        self._open: "OrderedDict[str, Any]" = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, uid: str, entry: _SampleEntry) -> None:
+    def add(self, key: str, value: Any) -> None:
         evicted = []
         with self._lock:
-            self._open[uid] = entry
+            previous = self._open.pop(key, None)
+            self._open[key] = value
             while len(self._open) > self._limit:
                 evicted.append(self._open.popitem(last=False)[1])
+        if previous is not None:  # opened again (a re-issued prompt): the earlier one is over
+            self._end(previous, Outcome.EVICTED.value)
         for old in evicted:
-            _end_sample_entry(old, Outcome.OPEN_LIMIT.value)
+            self._end(old, Outcome.OPEN_LIMIT.value)
 
-    def get(self, uid: str) -> Optional[_SampleEntry]:
-        return self._open.get(uid)
+    def get(self, key: str) -> Any:
+        return self._open.get(key)
 
-    def pop(self, uid: str) -> Optional[_SampleEntry]:
+    def pop(self, key: str) -> Any:
         with self._lock:
-            return self._open.pop(uid, None)
+            return self._open.pop(key, None)
 
-    def created_before(self, step: int) -> List[str]:
-        with self._lock:
-            return [uid for uid, entry in self._open.items() if entry.step < step]
-
-    def uids(self) -> List[str]:
+    def keys(self) -> List[str]:
         with self._lock:
             return list(self._open)
 
-    def drain(self) -> List[_SampleEntry]:
+    def matching(self, keep: Callable[[Any], bool]) -> List[str]:
+        """The keys whose value ``keep`` accepts."""
         with self._lock:
-            entries = list(self._open.values())
+            return [key for key, value in self._open.items() if keep(value)]
+
+    def drain(self) -> List[Any]:
+        with self._lock:
+            values = list(self._open.values())
             self._open.clear()
-        return entries
+        return values
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+class _TrainerSpans:
+    """The trainer's open step span and stage spans. A step ends when the next begins
+    (or explicitly); stage spans parent to the open step of the same global step."""
+
+    def __init__(self) -> None:
+        self.step: Any = None
+        self.step_number: Optional[int] = None
+        self.stages: List[Any] = []
+        self.lock = threading.Lock()
 
 
 def _end_sample_entry(entry: _SampleEntry, outcome: str) -> None:
@@ -178,7 +237,7 @@ def is_validating() -> bool:
 
 
 def _skip_validation(validate: Optional[bool]) -> bool:
-    return _is_validation(validate) and not _runtime.settings.trace_validation
+    return _is_validation(validate) and not state().settings.trace_validation
 
 
 def _is_validation(validate: Optional[bool]) -> bool:
@@ -208,7 +267,7 @@ def _start(
 ) -> Any:
     """Start a span carrying ``Payload(subject, data)``, or return ``None`` (counted) when
     tracing is off or fails."""
-    rt = _runtime
+    rt = state()
     if rt is None:
         return None
     try:

@@ -12,8 +12,6 @@ session trajectories opened while it runs are its children.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Any, Optional
 
 from opentelemetry import context as otel_context
@@ -26,10 +24,6 @@ from otel_verl.ids import id_str
 from otel_verl.payload import Payload, end_span, start_span
 from otel_verl.semconv import Subject
 
-_lock = threading.Lock()
-_open: "OrderedDict[str, Any]" = OrderedDict()  # uid -> open prompt-task span
-
-
 @health.guarded(default=None)
 def prompt_task_started(
     uid: Any,
@@ -41,7 +35,7 @@ def prompt_task_started(
 ) -> None:
     """A prompt's task started (verl marked it "running"). ``parent`` is the trainer's
     carrier for the row; without one the span parents to the sample root's derived ids."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return
     uid_s = id_str(uid)
@@ -53,24 +47,14 @@ def prompt_task_started(
     if worker_index is not None:
         attrs[sc.WORKER_INDEX] = int(worker_index)
     span = start_span(rt.tracer, sc.SPAN_PROMPT_TASK, Payload(Subject.PROMPT_TASK), context=parent_ctx, attributes=attrs)
-    limit = max(1, rt.settings.max_open_samples)
-    evicted = []
-    with _lock:
-        previous = _open.pop(uid_s, None)
-        _open[uid_s] = span
-        while len(_open) > limit:
-            evicted.append(_open.popitem(last=False)[1])
-    if previous is not None:  # the prompt was re-issued: its earlier task is over
-        _core._end(previous, sc.Outcome.EVICTED.value)
-    for old in evicted:
-        _core._end(old, sc.Outcome.OPEN_LIMIT.value)
+    rt.prompt_tasks.add(uid_s, span)
 
 
 @health.guarded(default=None)
 def prompt_task_finished(uid: Any, *, failed: bool = False) -> None:
     """verl marked the prompt "finished" or "failure": every session has settled."""
-    with _lock:
-        span = _open.pop(id_str(uid), None)
+    rt = _core.state()
+    span = rt.prompt_tasks.pop(id_str(uid)) if rt is not None else None
     if span is None:
         return
     if failed:
@@ -80,25 +64,20 @@ def prompt_task_finished(uid: Any, *, failed: bool = False) -> None:
 
 def prompt_task_parent(uid: Any) -> Optional[otel_context.Context]:
     """Parent context for a session of ``uid``: its open prompt task (``None`` if none)."""
-    span = _open.get(id_str(uid))
+    rt = _core.state()
+    span = rt.prompt_tasks.get(id_str(uid)) if rt is not None else None
     return trace.set_span_in_context(span) if span is not None else None
 
 
 def end_open_prompt_tasks(outcome: str = sc.Outcome.SHUTDOWN.value) -> int:
     """End every prompt task still open (worker shutdown)."""
-    with _lock:
-        spans = list(_open.values())
-        _open.clear()
+    rt = _core.state()
+    spans = rt.prompt_tasks.drain() if rt is not None else []
     for span in spans:
         _core._end(span, outcome)
     return len(spans)
 
 
 def open_prompt_task_count() -> int:
-    return len(_open)
-
-
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
-    _open.clear()
+    rt = _core.state()
+    return len(rt.prompt_tasks) if rt is not None else 0

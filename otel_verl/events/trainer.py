@@ -4,7 +4,6 @@ rollout workers and per-sample training stages."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
@@ -18,12 +17,11 @@ from otel_verl.payload import Payload, RolloutData, end_span, start_span
 from otel_verl.semconv import Subject, Outcome, Stage
 from otel_verl.events import _core
 from otel_verl.events._core import (
-    _Runtime,
+    TracingState,
     _text,
     _sample_root_context,
     _end,
     _SampleEntry,
-    _SampleRegistry,
     _end_sample_entry,
     _skip_validation,
     _with_validate,
@@ -31,28 +29,23 @@ from otel_verl.events._core import (
 )
 
 
-def _after_fork_in_child() -> None:
-    global _open
-    _open = _OpenSpans()
-    if _core._runtime is not None:
-        _core._runtime.samples = _SampleRegistry(_core._runtime.settings.max_open_samples)
-
-
 def open_sample_count() -> int:
-    return len(_core._runtime.samples) if _core._runtime is not None else 0
+    rt = _core.state()
+    return len(rt.samples) if rt is not None else 0
 
 
 def end_open_samples(outcome: str = Outcome.SHUTDOWN.value) -> int:
     """End every span still open on the trainer (called at shutdown): sample roots with
     ``outcome``, the open step and its stages. Returns how many samples were open."""
-    if _core._runtime is None:
+    rt = _core.state()
+    if rt is None:
         return 0
-    with _open.lock:
-        stages, _open.stages = list(_open.stages), []
+    with rt.trainer.lock:
+        stages, rt.trainer.stages = list(rt.trainer.stages), []
     for span in reversed(stages):
         _end(span, outcome)
     step_end()
-    entries = _core._runtime.samples.drain()
+    entries = rt.samples.drain()
     for entry in entries:
         _end_sample_entry(entry, outcome)
     return len(entries)
@@ -76,7 +69,7 @@ def fit_started(
     ppo_epochs: int = 1,
 ) -> None:
     """The run's shape, recorded once at the start of fit as an instant span."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return
     num_minibatches = ppo_epochs * (train_batch_size * rollout_n // max(1, ppo_mini_batch_size))
@@ -93,20 +86,6 @@ def fit_started(
     end_span(span, end_time=span.start_time + 1000)  # 1 µs: backends flag zero-duration spans
 
 
-class _OpenSpans:
-    """The trainer's open step span and stage spans. A step ends when the next begins
-    (or explicitly); stage spans parent to the open step of the same global step."""
-
-    def __init__(self) -> None:
-        self.step: Any = None
-        self.step_number: Optional[int] = None
-        self.stages: List[Any] = []
-        self.lock = threading.Lock()
-
-
-_open = _OpenSpans()
-
-
 @health.guarded(default=None)
 def step_begin(
     global_step: int,
@@ -117,7 +96,7 @@ def step_begin(
     consumed_batches: Optional[int] = None,
 ) -> None:
     """A training step starts: the root of its own trace. Ends the previous step."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return
     step_end()
@@ -127,20 +106,24 @@ def step_begin(
     if consumed_batches is not None:
         attrs[sc.CONSUMED_BATCHES] = int(consumed_batches)
     span = start_span(rt.tracer, sc.SPAN_STEP, Payload(Subject.STEP), context=otel_context.Context(), attributes=attrs)
-    with _open.lock:
-        _open.step, _open.step_number = span, int(global_step)
+    with rt.trainer.lock:
+        rt.trainer.step, rt.trainer.step_number = span, int(global_step)
 
 
 @health.guarded(default=None)
 def step_end(error: Optional[BaseException] = None) -> None:
-    with _open.lock:
-        span, _open.step, _open.step_number = _open.step, None, None
+    rt = _core.state()
+    if rt is None:
+        return
+    with rt.trainer.lock:
+        span, rt.trainer.step, rt.trainer.step_number = rt.trainer.step, None, None
     if span is not None:
         _end(span, error=error)
 
 
 def current_step() -> Optional[int]:
-    return _open.step_number
+    rt = _core.state()
+    return rt.trainer.step_number if rt is not None else None
 
 
 @contextlib.contextmanager
@@ -159,10 +142,11 @@ def step(global_step: int, **kwargs: Any) -> Iterator[None]:
 class StageHandle:
     """An open step stage: lets the code inside report batch facts, then ends it."""
 
-    __slots__ = ("span",)
+    __slots__ = ("span", "_open")
 
-    def __init__(self, span: Any) -> None:
+    def __init__(self, span: Any, open_spans: Any = None) -> None:
         self.span = span
+        self._open = open_spans  # the trainer spans of the state it was begun in
 
     @health.guarded(default=None)
     def response_tokens(self, n_tokens: int) -> None:
@@ -181,9 +165,9 @@ class StageHandle:
         span, self.span = self.span, None
         if span is None:
             return
-        with _open.lock:
-            if span in _open.stages:
-                _open.stages.remove(span)
+        with self._open.lock:
+            if span in self._open.stages:
+                self._open.stages.remove(span)
         _end(span, error=error)
 
 
@@ -202,25 +186,26 @@ def stage_begin(
     Nested under the open step span when its global step matches; a stage outside any
     step (the initial weight sync) gets a trace of its own.
     """
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return _NULL_STAGE
     try:
+        open_spans = rt.trainer
         stage_value = stage.value if isinstance(stage, Stage) else str(stage)
-        global_step = step if step is not None else _open.step_number
+        global_step = step if step is not None else open_spans.step_number
         attrs: Dict[str, Any] = {sc.STAGE: stage_value, sc.LAYOUT: layout}
         if global_step is not None:
             attrs[sc.GLOBAL_STEP] = int(global_step)
         if trainer:
             attrs[sc.TRAINER] = trainer
-        step_span = _open.step
-        in_step = step_span is not None and (global_step is None or global_step == _open.step_number)
+        step_span = open_spans.step
+        in_step = step_span is not None and (global_step is None or global_step == open_spans.step_number)
         parent = trace.set_span_in_context(step_span) if in_step else otel_context.Context()
         span = start_span(rt.tracer, sc.step_stage_span_name(stage_value), Payload(Subject.STEP_STAGE), context=parent,
                           attributes=attrs)
-        with _open.lock:
-            _open.stages.append(span)
-        return StageHandle(span)
+        with open_spans.lock:
+            open_spans.stages.append(span)
+        return StageHandle(span, open_spans)
     except Exception as exc:
         health.record_failure("events.stage_begin", exc)
         return _NULL_STAGE
@@ -228,8 +213,12 @@ def stage_begin(
 
 def current_stage() -> StageHandle:
     """The innermost open step stage (for facts reported from inside it)."""
-    with _open.lock:
-        return StageHandle(_open.stages[-1]) if _open.stages else _NULL_STAGE
+    rt = _core.state()
+    if rt is None:
+        return _NULL_STAGE
+    open_spans = rt.trainer
+    with open_spans.lock:
+        return StageHandle(open_spans.stages[-1], open_spans) if open_spans.stages else _NULL_STAGE
 
 
 @contextlib.contextmanager
@@ -254,7 +243,7 @@ def step_stage(stage: "Stage | str", **kwargs: Any) -> Iterator[StageHandle]:
 @health.guarded(default=None)
 def samples_created(uids: Any, *, step: int, trainer: str, validate: Optional[bool] = None) -> None:
     """New prompt uids entered training: opens one sample root span (a trace) per uid."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None or _skip_validation(validate):
         return
     empty = otel_context.Context()
@@ -282,7 +271,7 @@ def samples_finished(uids: Any, outcome: "Outcome | str", *, detail: Optional[st
     its lineage: the step, the oldest version behind any of its rows and its staleness,
     as verl counts it (``trained_step - 1 - oldest``: 0 when the weights that generated it
     are the ones this step trains, on policy)."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return
     value = outcome.value if isinstance(outcome, Outcome) else str(outcome)
@@ -322,10 +311,11 @@ def _set_lineage(root: Any, trained_step: int, oldest: Optional[int]) -> None:
 @health.guarded(default=0)
 def end_samples_before(step: int, outcome: "Outcome | str") -> int:
     """End the open samples created before ``step`` (v0 trains a sample in its own step)."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return 0
-    stale = rt.samples.created_before(int(step))
+    before = int(step)
+    stale = rt.samples.matching(lambda entry: entry.step < before)
     samples_finished(stale, outcome)
     return len(stale)
 
@@ -334,15 +324,15 @@ def end_samples_before(step: int, outcome: "Outcome | str") -> int:
 def end_unconsumed_samples(outcome: "Outcome | str" = Outcome.NOT_CONSUMED) -> int:
     """End every open sample root, whatever its step (prompts prefetched for steps that
     never ran); the step and its stages stay as they are."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return 0
-    uids = rt.samples.uids()
+    uids = rt.samples.keys()
     samples_finished(uids, outcome)
     return len(uids)
 
 
-def _sample_parent(rt: _Runtime, uid: str, *, prefer_rollout: bool = False) -> otel_context.Context:
+def _sample_parent(rt: TracingState, uid: str, *, prefer_rollout: bool = False) -> otel_context.Context:
     entry = rt.samples.get(uid)
     if entry is not None:
         span = entry.rollout if (prefer_rollout and entry.rollout is not None) else entry.root
@@ -366,7 +356,7 @@ def rollout_dispatched(
     Opens one rollout span per uid (child of its sample root) and returns, per row, the
     carrier the worker must use as its trajectory's parent (``None`` when not traced).
     """
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None or _skip_validation(validate):
         return None
     uid_list = id_list(uids)
@@ -413,7 +403,7 @@ def rollout_dispatched(
 @health.guarded(default=None)
 def rollout_returned(uids: Any, *, error: Optional[BaseException] = None) -> None:
     """The generation call that carried these uids returned: ends their rollout spans."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return
     for uid in dict.fromkeys(id_list(uids)):
@@ -436,7 +426,7 @@ def sample_stage_done(
 ) -> None:
     """A batch stage finished for these rows: one span per uid (child of its sample root,
     linked to the step's stage span) listing the uid's traj_uids in batch order."""
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None or _skip_validation(validate):
         return
     stage_value = stage.value if isinstance(stage, Stage) else str(stage)

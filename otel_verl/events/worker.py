@@ -65,7 +65,7 @@ def trajectory(
     parented to the sample root's derived ids. The block gets the trajectory's data
     (``None`` when not traced) so the caller may add metrics.
     """
-    rt = _core._runtime
+    rt = _core.state()
     if rt is None:
         return _UNTRACED
     if validate and not rt.settings.trace_validation:

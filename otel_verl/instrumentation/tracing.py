@@ -25,10 +25,8 @@ logger = logging.getLogger("otel_verl")
 ProviderForRole = Callable[[str], Optional[Any]]  # role -> TracerProvider, or None: tracing off here
 
 _lock = threading.RLock()
-_provider: Any = None  # what the events runtime reports to (None: no runtime installed here)
 _provider_for_role: Optional[ProviderForRole] = None
 _said_off = False  # provider_for_role answered None: tracing stays off here
-_flush_timeout_s = settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S  # OTEL_VERL_SHUTDOWN_TIMEOUT_S of the settings in use
 
 
 @forks.in_child
@@ -48,24 +46,32 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
     the events API already reports to keeps its open samples. Returns whether the
     events API reports to a provider now; never raises.
     """
-    global _provider, _flush_timeout_s
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     try:
         with _lock:
-            if provider is _provider and events.enabled():
+            current = events.state()
+            if current is not None and current.provider is provider:
                 return True
-            cfg = settings if settings is not None else settings_mod.load()
-            if tracer is None:
-                tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=provider)
-            events._install(events._Runtime(tracer, _id_generator(provider), cfg, getattr(provider, "sampler", None)))
-            _provider = provider
-            _flush_timeout_s = cfg.shutdown_timeout_s
+            events.install(state_for(provider, settings, tracer))
             return True
     except settings_mod.ConfigError as exc:
         logger.error("otel_verl: tracing stays off: %s", exc)
     except Exception as exc:
         health.record_failure("instrumentation.use_provider", exc)
     return False
+
+
+def state_for(tracer_provider: Any, settings: Optional[settings_mod.Settings] = None,
+              tracer: Optional[trace.Tracer] = None) -> events.TracingState:
+    """A tracing state reporting to ``tracer_provider`` (see :func:`use_provider`), not
+    installed: ``with state.activated():`` reports to it in one block.
+
+    Raises :class:`otel_verl.settings.ConfigError` on bad settings."""
+    cfg = settings if settings is not None else settings_mod.load()
+    if tracer is None:
+        tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider)
+    return events.TracingState(tracer_provider, tracer, _id_generator(tracer_provider), cfg,
+                               getattr(tracer_provider, "sampler", None))
 
 
 def _id_generator(provider: Any) -> Any:
@@ -86,7 +92,7 @@ class _ProviderIds:
 
 def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
     """Ask ``provider_for_role(role)`` for the provider when the first wrapper fires in a
-    process with no events runtime (see :func:`ensure`); ``None`` forgets it."""
+    process with no tracing state (see :func:`ensure`); ``None`` forgets it."""
     global _provider_for_role, _said_off
     with _lock:
         _provider_for_role, _said_off = provider_for_role, False
@@ -114,16 +120,15 @@ def ensure(role: str) -> bool:
 
 def stop() -> None:
     """The events API reports nowhere (the provider is being shut down)."""
-    global _provider
     with _lock:
-        _provider = None
-        events._install(None)
+        events.install(None)
 
 
 def flush(timeout_s: Optional[float] = None) -> bool:
     """Export and write everything the provider the events API reports to has accepted,
     waiting at most ``timeout_s`` (default: :func:`flush_timeout_s`)."""
-    provider = _provider
+    current = events.state()
+    provider = current.provider if current is not None else None
     if isinstance(provider, trace.ProxyTracerProvider):  # the global one, set since
         provider = trace.get_tracer_provider()
     force_flush = getattr(provider, "force_flush", None)  # the API's TracerProvider has none
@@ -140,7 +145,8 @@ def flush(timeout_s: Optional[float] = None) -> bool:
 
 def flush_timeout_s() -> float:
     """How long a flush may take here (``OTEL_VERL_SHUTDOWN_TIMEOUT_S``)."""
-    return _flush_timeout_s
+    current = events.state()
+    return current.settings.shutdown_timeout_s if current is not None else settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
 def flush_in_actor(actor: Any = None) -> bool:
