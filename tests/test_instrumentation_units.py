@@ -131,6 +131,46 @@ def test_missing_or_changed_target_is_skipped_with_one_warning(caplog):
     assert not hasattr(_Target.method, "__wrapped__")
 
 
+class _Later:
+    def method(self, x):
+        return x
+
+
+def test_a_hook_waiting_for_its_module_is_forgotten_by_uninstall():
+    """Uninstalled before its module is imported, a hook is not installed by the import;
+    instrumented twice before it, it is installed once."""
+    import sys
+    import types
+
+    import wrapt
+
+    calls = []
+
+    def wrapper(wrapped, instance, args, kwargs):
+        calls.append(args)
+        return wrapped(*args, **kwargs)
+
+    hook = hooks.Hook("fake_later_mod", "_Later.method", wrapper)
+    for times in (1, 2):
+        hooks.install_all([hook])
+        assert hooks.status()[hook.name][0] == hooks.PENDING
+        hooks.uninstall_all()
+        if times == 2:  # and a new install of it before the import: one wrap
+            hooks.install_all([hook])
+        module = types.ModuleType("fake_later_mod")
+        module._Later = _Later
+        sys.modules["fake_later_mod"] = module
+        try:
+            wrapt.notify_module_loaded(module)  # what wrapt's import finder does once a module is imported
+            assert _Later().method(1) == 1
+        finally:
+            hooks.uninstall_all()
+            del sys.modules["fake_later_mod"]
+        assert calls == ([] if times == 1 else [(1,)])
+        calls.clear()
+    assert not hasattr(_Later.method, "__wrapped__")
+
+
 class _Worker:
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, **kwargs):
         return sorted(kwargs)

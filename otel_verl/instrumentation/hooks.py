@@ -59,7 +59,16 @@ def install_all(hooks: List[Hook]) -> None:
         if hook.module in sys.modules:
             _install(hook, sys.modules[hook.module])
         else:
-            wrapt.register_post_import_hook(lambda module, h=hook: _install(h, module), hook.module)
+            wrapt.register_post_import_hook(lambda module, h=hook: _install_if_pending(h, module), hook.module)
+
+
+def _install_if_pending(hook: Hook, module: Any) -> None:
+    """A post-import hook (wrapt keeps it for good): installs only while the hook still waits
+    for its module, not after an uninstall, nor twice after instrumenting again."""
+    with _lock:
+        if _status.get(hook.name, ("",))[0] != PENDING:
+            return
+    _install(hook, module)
 
 
 def _install(hook: Hook, module: Any) -> None:
