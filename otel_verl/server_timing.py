@@ -96,7 +96,7 @@ class Split(NamedTuple):
 
 def split(meta: Mapping[str, Any]) -> Optional[Split]:
     """The queue / prefill / decode split of a request's meta (``None``: no e2e_latency),
-    one rule for the metrics and the report. Prefill is the time to first token less the
+    one rule for the metrics and the report (``meta.get`` is all it reads). Prefill is the time to first token less the
     queue, so the three parts add up to the request's time; an older sglang's
     ``prefill_launch_latency`` (the prefill's launch alone, leaving tokenizing and transfer
     out) stands in only when there is no time to first token."""

@@ -6,7 +6,7 @@ nine records. The span metrics need much less: a few instruments created once, a
 otel_verl builds itself, cumulative temporality, explicit buckets, trace-based exemplars.
 :class:`Aggregation` does that much (the ``create_*`` methods of a ``Meter`` and the
 ``record``/``add`` of its instruments, so the recorders of :mod:`otel_verl.exporters.metrics`
-serve both; a record's ``context`` may be the span's ``SpanContext``), and builds the SDK's
+serve both; a record's ``context`` may be what :func:`sampled_span` made of the span), and builds the SDK's
 public data model (``MetricsData``) at each collection; :class:`PeriodicExport` hands that
 to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
 The data points equal the SDK's for the same records (``tests/test_metrics.py``). Whatever
@@ -117,17 +117,28 @@ class Aggregation:
             schema_url=self.resource.schema_url)])
 
 
+class SampledSpan(tuple):
+    """(trace id, span id) of a sampled span: a record's ``context`` that names the span its
+    exemplars point to, worked out once for all the records of one span."""
+
+    __slots__ = ()
+
+
+def sampled_span(span_context: Any) -> Optional[SampledSpan]:
+    """A span's records' ``context`` for the trace-based exemplar filter: the span's ids when
+    it is sampled, else ``None`` (no exemplar)."""
+    if not span_context.trace_flags.sampled:
+        return None
+    return SampledSpan((span_context.trace_id, span_context.span_id))
+
+
 def _exemplar_ids(context: Any) -> Optional[Tuple[int, int]]:
-    """(trace id, span id) of the measured span when it is sampled (the trace-based exemplar
-    filter), else ``None``. ``context``: that span's ``SpanContext`` (cheaper than a
-    ``Context`` holding it, which is also taken, as the SDK's instruments take it)."""
-    if context is None:
-        return None
-    if type(context) is not trace_api.SpanContext:
-        context = trace_api.get_current_span(context).get_span_context()
-    if not context.trace_flags.sampled:
-        return None
-    return context.trace_id, context.span_id
+    """(trace id, span id) of the measured span when it is sampled, else ``None``.
+    ``context``: what :func:`sampled_span` made of it, or a ``Context`` holding it, as the
+    SDK's instruments take it."""
+    if context is None or type(context) is SampledSpan:
+        return context
+    return sampled_span(trace_api.get_current_span(context).get_span_context())
 
 
 def _exemplar(offered: Tuple[float, int, Tuple[int, int], Optional[Dict[str, Any]]]) -> Exemplar:
@@ -188,7 +199,7 @@ class _Histogram(_Instrument):
 
     def record(self, amount: float, attributes: Optional[Dict[str, Any]] = None, context: Any = None) -> None:
         bucket = bisect_left(self.boundaries, amount)
-        ids = _exemplar_ids(context)
+        ids = context if context is None or type(context) is SampledSpan else _exemplar_ids(context)
         key = frozenset(attributes.items()) if attributes else _NONE
         with self._lock:
             stream = self._streams.get(key) or self._new_stream(key, attributes, self._make)
@@ -228,7 +239,7 @@ class _CounterStream(_Stream):
 
 class _Counter(_Instrument):
     def add(self, amount: int, attributes: Optional[Dict[str, Any]] = None, context: Any = None) -> None:
-        ids = _exemplar_ids(context)
+        ids = context if context is None or type(context) is SampledSpan else _exemplar_ids(context)
         key = frozenset(attributes.items()) if attributes else _NONE
         with self._lock:
             stream = self._streams.get(key) or self._new_stream(key, attributes, _CounterStream)

@@ -27,7 +27,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc, server_timing
 from otel_verl.deadline import Call, Deadline
-from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport, unsupported
+from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport, sampled_span, unsupported
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject
 
@@ -133,7 +133,7 @@ class SpanMetricsProcessor(SpanProcessor):
             return self.owned.get_meter(METER_NAME), _exemplar_context
         aggregation = Aggregation(resource, InstrumentationScope(METER_NAME))
         self.owned = PeriodicExport(aggregation, exporters)
-        return aggregation, _span_context
+        return aggregation, _sampled_span
 
     # ------------------------------------------------------------------ flush, shutdown
 
@@ -165,8 +165,8 @@ class SpanMetricsProcessor(SpanProcessor):
         return False
 
 
-def _span_context(span: ReadableSpan) -> Any:
-    return span.context
+def _sampled_span(span: ReadableSpan) -> Any:
+    return sampled_span(span.context)
 
 
 def _exemplar_context(span: ReadableSpan) -> Any:
@@ -240,7 +240,8 @@ def _seconds(span: ReadableSpan) -> Optional[float]:
 def _pick(span: ReadableSpan, *keys: str) -> Dict[str, Any]:
     attrs = span.attributes or {}
     out = {key: attrs[key] for key in keys if key in attrs}
-    if span.status is not None and span.status.status_code is StatusCode.ERROR:
+    status = span.status
+    if status is not None and status.status_code is StatusCode.ERROR:
         out[sc.ERROR_TYPE] = attrs.get(sc.ERROR_TYPE) or "_OTHER"  # as the GenAI conventions say
     return out
 
@@ -277,17 +278,27 @@ def _record_llm_call(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
 
 
 def _record_llm_server(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
-    span_attrs = span.attributes or {}
     attrs = _pick(span, sc.GEN_AI_PROVIDER_NAME)
-    # the engine's meta under its own key names: server_timing knows which mean what
-    meta = {key[len(_PREFIX):]: value for key, value in span_attrs.items() if key.startswith(_PREFIX)}
-    timing = server_timing.split(meta)  # the report's split too
+    timing = server_timing.split(_ServerMeta(span.attributes or {}))  # the report's split too
     if timing is None:
         return
     for histogram, value in ((m.server_request, timing.e2e), (m.server_queue, timing.queue),
                              (m.server_prefill, timing.prefill), (m.server_decode, timing.decode)):
         if value is not None and value >= 0:
             histogram.record(value, attrs, context=ctx)
+
+
+class _ServerMeta:
+    """The engine's meta under its own key names, as a span's attributes hold it (what
+    :func:`server_timing.split` reads: which keys mean what is its knowledge)."""
+
+    __slots__ = ("attributes",)
+
+    def __init__(self, attributes: Any) -> None:
+        self.attributes = attributes
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.attributes.get(_PREFIX + key, default)
 
 
 def _record_tool(m: _Instruments, span: ReadableSpan, ctx: Any) -> None:
