@@ -117,6 +117,11 @@ def _otlp_value(value: Any, max_length: Optional[int]) -> Any:
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, (list, tuple)):
+        # the common case (a stage's traj_uids) without a call per item; an ASCII text
+        # holds no lone surrogate (see well_formed)
+        if all(type(item) is str and item.isascii() and (max_length is None or len(item) <= max_length)
+               for item in value):
+            return tuple(value)
         items = tuple(_otlp_value(item, max_length) for item in value)
         return items if None not in items else None
     return None if value is None else str(value)

@@ -123,6 +123,22 @@ def test_values_are_kept_as_otlp_carries_them():
     assert "none" not in ended.attributes
 
 
+def test_sequences_of_text_are_cut_and_repaired_item_by_item():
+    pipeline = Pipeline(limits=SpanLimits(max_span_attribute_length=4))
+    span = pipeline.slim.start_span("texts", attributes={
+        "plain": ("0", "15", "abcd"),  # short ASCII: kept as they are
+        "long": ["abcdefgh", "ab"],
+        "lone": ("\ud800x", "é"),
+        "mixed": ("a", 1),
+    })
+    span.end()
+    (ended,) = pipeline.ended()
+    assert ended.attributes["plain"] == ("0", "15", "abcd")
+    assert ended.attributes["long"] == ("abcd", "ab")
+    assert ended.attributes["lone"] == ("\ufffdx", "é")
+    assert ended.attributes["mixed"] == ("a", 1)
+
+
 def test_span_limits_apply_and_what_they_drop_is_counted():
     pipeline = Pipeline(limits=SpanLimits(max_span_attributes=2, max_span_attribute_length=4, max_events=1))
     span = pipeline.slim.start_span("limited", attributes={"a": "abcdefgh", "b": 2})
