@@ -8,10 +8,12 @@ for, and its data); span processors in the same process read it with :func:`payl
 OTLP exporters never see it.
 
 A span's payload is readable from the start of its ``on_start`` to the end of its
-``on_end``: it is kept by span id while the span is open, and given to the processors'
-``on_start`` through a context variable (the SDK calls them inside ``start_span``, before
-the span id is known to the caller). A processor that reads a payload later (a batch
-writer) keeps a reference to it.
+``on_end``. It rides on the span: an events-API span (``SlimSpan``) holds it and hands it
+to its record (``SpanRecord.payload``), which the export process rebuilds with it. Only a
+span of another provider's tracer (the SDK's own) is kept by span id while open. The
+processors' ``on_start`` gets it through a context variable (a tracer calls them inside
+``start_span``, before the caller holds the span). A processor that reads a payload later
+(a batch writer) keeps a reference to it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 from opentelemetry.trace import Span, Tracer
 
 from otel_verl.semconv import Subject
+from otel_verl.slim_span import SlimSpan
 
 IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
 
@@ -38,7 +41,8 @@ class Payload(NamedTuple):
 
 # --------------------------------------------------------------------------- span <-> payload
 
-_open: Dict[Tuple[int, int], Payload] = {}  # (trace id, span id) of an open span -> its payload
+# (trace id, span id) of an open span that cannot hold its payload (the SDK's) -> its payload
+_open: Dict[Tuple[int, int], Payload] = {}
 _starting: contextvars.ContextVar[Optional[Payload]] = contextvars.ContextVar("otel_verl_starting", default=None)
 
 
@@ -50,7 +54,9 @@ def start_span(tracer: Tracer, name: str, payload: Payload, **kwargs: Any) -> Sp
         span = tracer.start_span(name, **kwargs)
     finally:
         _starting.reset(token)
-    if span.is_recording():
+    if type(span) is SlimSpan:
+        span.payload = payload
+    elif span.is_recording():
         _open[_key(span.get_span_context())] = payload
     return span
 
@@ -60,27 +66,20 @@ def end_span(span: Span, end_time: Optional[int] = None) -> None:
     try:
         span.end(end_time=end_time)
     finally:
-        _open.pop(_key(span.get_span_context()), None)
+        if _open:
+            _open.pop(_key(span.get_span_context()), None)
 
 
 def payload_of(span: Any) -> Optional[Payload]:
     """The payload of a span that a processor gets in ``on_start`` or ``on_end``."""
-    payload = _open.get(_key(span.context))
+    payload = getattr(span, "payload", None)  # a SpanRecord's, a SlimSpan's
+    if payload is None and _open:
+        payload = _open.get(_key(span.context))
     return payload if payload is not None else _starting.get()
 
 
-def bind(span: Any, payload: Payload) -> None:
-    """Make ``payload`` the payload of ``span`` (a span rebuilt in another process) until
-    :func:`unbind`."""
-    _open[_key(span.context)] = payload
-
-
-def unbind(span: Any) -> None:
-    _open.pop(_key(span.context), None)
-
-
 def open_count() -> int:
-    """Open spans that carry a payload (a test checks nothing is left behind)."""
+    """Open spans whose payload is kept by span id (a test checks nothing is left behind)."""
     return len(_open)
 
 

@@ -138,7 +138,7 @@ class SlimSpan(trace.Span):
     It takes no lock: the events API changes and ends each span from one place at a time."""
 
     __slots__ = ("_tracer", "_name", "_context", "_parent", "_kind", "_attributes", "_events", "_links",
-                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception")
+                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception", "payload")
 
     def __init__(self, tracer: SlimTracer, name: str, context: SpanContext, parent: Optional[SpanContext],
                  kind: SpanKind, links: Sequence[Link], start_time: int, record_exception: bool = True,
@@ -160,6 +160,7 @@ class SlimSpan(trace.Span):
         self._end_time: Optional[int] = None
         self._record_exception = record_exception
         self._set_status_on_exception = set_status_on_exception
+        self.payload: Any = None  # set by otel_verl.payload.start_span; the record carries it
 
     # ------------------------------------------------------------------ the API's Span
 
@@ -257,7 +258,7 @@ class SlimSpan(trace.Span):
             parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, self._kind,
             self._start_time, self._end_time, self._attributes, self._events,
             tuple(map(link_record, self._links)) if self._links else (), status.status_code, status.description,
-            resource=tracer.resource, scope=tracer.scope,
+            resource=tracer.resource, scope=tracer.scope, payload=self.payload,
         ))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -1,8 +1,8 @@
 """The export process: ``python -m otel_verl.offload.host REPLY_FD``.
 
 Started by :class:`~otel_verl.offload.forwarder.OffloadSpanProcessor`. Reads messages
-from stdin (:mod:`otel_verl.offload.wire`), rebuilds each span as a ``ReadableSpan``,
-makes its payload readable (:func:`otel_verl.payload.bind`) and hands it to the span
+from stdin (:mod:`otel_verl.offload.wire`), rebuilds each span as a
+:class:`~otel_verl.record.SpanRecord` carrying its payload and hands it to the span
 processors the served process would have run itself (``bootstrap.output_processors``:
 the legacy files, OTLP, the embedded OTLP-JSON files, metrics, the loss file), with the
 served process's resource and its pid in the file names. Its stdout and stderr are the
@@ -37,7 +37,7 @@ import sys
 import threading
 from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Tuple
 
-from otel_verl import health, payload
+from otel_verl import health
 from otel_verl.offload import wire
 
 logger = logging.getLogger("otel_verl")
@@ -102,25 +102,19 @@ class Host:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
     def export(self, snapshot: wire.SpanSnapshot) -> None:
-        """One span's start or end to the processors. Its payload is readable from its
-        start to its end, as in the served process."""
+        """One span's start or end to the processors, as a record carrying its payload
+        (as the served process's spans carry theirs)."""
         try:
-            span = self.rebuilder.span(snapshot)
-            data = snapshot.payload
+            span = self.rebuilder.span(snapshot)  # carrying its payload
             if snapshot.codec is not None:  # a trajectory's tokenizer
-                data.data.decode, data.data.encode = self.codecs.get(snapshot.codec, (None, None))
+                span.payload.data.decode, span.payload.data.encode = self.codecs.get(snapshot.codec, (None, None))
         except Exception as exc:
             health.record_failure("offload.rebuild", exc)
             return
-        if data is not None:
-            payload.bind(span, data)
         if snapshot.end_time is None:
             self.processor.on_start(span, None)
         else:
-            try:
-                self.processor.on_end(span)
-            finally:
-                payload.unbind(span)
+            self.processor.on_end(span)
 
     def close(self) -> None:
         """The end of the input: what the served process queued and never sent is counted

@@ -372,7 +372,7 @@ class Rebuilder:
                              link.dropped_attributes) for link in snapshot.links),
             snapshot.status_code, snapshot.status_description, snapshot.dropped_attributes, snapshot.dropped_events,
             snapshot.dropped_links, self.resource,
-            self._scope(snapshot.scope) if snapshot.scope is not None else None,
+            self._scope(snapshot.scope) if snapshot.scope is not None else None, snapshot.payload,
         )
 
     def _scope(self, scope: ScopeSnapshot) -> InstrumentationScope:
