@@ -6,9 +6,9 @@ nine records. The span metrics need much less: a few instruments created once, a
 otel_verl builds itself, cumulative temporality, explicit buckets, trace-based exemplars.
 :class:`Aggregation` does that much (the ``create_*`` methods of a ``Meter`` and the
 ``record``/``add`` of its instruments, so the recorders of :mod:`otel_verl.exporters.metrics`
-serve both; a record's ``context`` may be what :func:`sampled_span` made of the span), and builds the SDK's
-public data model (``MetricsData``) at each collection; :class:`PeriodicExport` hands that
-to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
+serve both; a record's ``context`` is what :func:`sampled_span` made of the span), and
+builds the SDK's public data model (``MetricsData``) at each collection;
+:class:`PeriodicExport` hands that to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
 The data points equal the SDK's for the same records (``tests/test_metrics.py``). Whatever
 the environment asks that this does not do (delta temporality, exponential histograms,
 another exemplar filter: :func:`unsupported`) goes through the SDK's ``MeterProvider``.
@@ -23,7 +23,6 @@ from bisect import bisect_left
 from time import time_ns
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from opentelemetry import trace as trace_api
 from opentelemetry.metrics import CallbackOptions
 from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
@@ -118,8 +117,9 @@ class Aggregation:
 
 
 class SampledSpan(tuple):
-    """(trace id, span id) of a sampled span: a record's ``context`` that names the span its
-    exemplars point to, worked out once for all the records of one span."""
+    """(trace id, span id) of a sampled span: a record's ``context``, naming the span its
+    exemplar points to (the trace-based exemplar filter), worked out once for all the
+    records of one span."""
 
     __slots__ = ()
 
@@ -130,15 +130,6 @@ def sampled_span(span_context: Any) -> Optional[SampledSpan]:
     if not span_context.trace_flags.sampled:
         return None
     return SampledSpan((span_context.trace_id, span_context.span_id))
-
-
-def _exemplar_ids(context: Any) -> Optional[Tuple[int, int]]:
-    """(trace id, span id) of the measured span when it is sampled, else ``None``.
-    ``context``: what :func:`sampled_span` made of it, or a ``Context`` holding it, as the
-    SDK's instruments take it."""
-    if context is None or type(context) is SampledSpan:
-        return context
-    return sampled_span(trace_api.get_current_span(context).get_span_context())
 
 
 def _exemplar(offered: Tuple[float, int, Tuple[int, int], Optional[Dict[str, Any]]]) -> Exemplar:
@@ -197,9 +188,9 @@ class _Histogram(_Instrument):
         self.boundaries = boundaries
         self._make = lambda attributes: _HistogramStream(attributes, len(boundaries) + 1)
 
-    def record(self, amount: float, attributes: Optional[Dict[str, Any]] = None, context: Any = None) -> None:
+    def record(self, amount: float, attributes: Optional[Dict[str, Any]] = None,
+               context: Optional[SampledSpan] = None) -> None:
         bucket = bisect_left(self.boundaries, amount)
-        ids = context if context is None or type(context) is SampledSpan else _exemplar_ids(context)
         key = frozenset(attributes.items()) if attributes else _NONE
         with self._lock:
             stream = self._streams.get(key) or self._new_stream(key, attributes, self._make)
@@ -210,8 +201,8 @@ class _Histogram(_Instrument):
             if amount > stream.max:
                 stream.max = amount
             stream.buckets[bucket] += 1
-            if ids is not None:
-                stream.exemplars[bucket] = (amount, time_ns(), ids, attributes)
+            if context is not None:
+                stream.exemplars[bucket] = (amount, time_ns(), context, attributes)
 
     def metric(self, now: int) -> Optional[Metric]:
         with self._lock:
@@ -238,14 +229,14 @@ class _CounterStream(_Stream):
 
 
 class _Counter(_Instrument):
-    def add(self, amount: int, attributes: Optional[Dict[str, Any]] = None, context: Any = None) -> None:
-        ids = context if context is None or type(context) is SampledSpan else _exemplar_ids(context)
+    def add(self, amount: int, attributes: Optional[Dict[str, Any]] = None,
+            context: Optional[SampledSpan] = None) -> None:
         key = frozenset(attributes.items()) if attributes else _NONE
         with self._lock:
             stream = self._streams.get(key) or self._new_stream(key, attributes, _CounterStream)
             stream.value += amount
-            if ids is not None:
-                stream.exemplars[0] = (amount, time_ns(), ids, attributes)
+            if context is not None:
+                stream.exemplars[0] = (amount, time_ns(), context, attributes)
 
     def metric(self, now: int) -> Optional[Metric]:
         with self._lock:
