@@ -126,26 +126,27 @@ class IsolatingSpanProcessor(SpanProcessor):
         self._ends.clear()
 
     def on_start(self, span, parent_context=None) -> None:
-        subject = _subject_of(span)
-        readers = self._starts.get(subject)
-        if readers is None:
-            readers = self._starts[subject] = _readers(self.processors, "on_start_subjects", subject)
-        for sp in readers:
+        for sp in self._readers(span, self._starts, "on_start_subjects"):
             try:
                 sp.on_start(span, parent_context=parent_context)
             except Exception as exc:
                 _processor_failed(sp, "on_start", exc)
 
     def on_end(self, span: ReadableSpan) -> None:
-        subject = _subject_of(span)
-        readers = self._ends.get(subject)
-        if readers is None:
-            readers = self._ends[subject] = _readers(self.processors, "on_end_subjects", subject)
-        for sp in readers:
+        for sp in self._readers(span, self._ends, "on_end_subjects"):
             try:
                 sp.on_end(span)
             except Exception as exc:
                 _processor_failed(sp, "on_end", exc)
+
+    def _readers(self, span: Any, known: Dict[Any, Tuple[SpanProcessor, ...]], says: str) -> Tuple[SpanProcessor, ...]:
+        """The processors that read ``span`` (by its subject; ``says``: the attribute in which
+        a processor names the subjects it reads), worked out once a subject."""
+        subject = _subject_of(span)
+        readers = known.get(subject)
+        if readers is None:
+            readers = known[subject] = _readers(self.processors, says, subject)
+        return readers
 
     def shutdown(self, timeout_millis: Optional[int] = None) -> None:
         """Shuts every processor down within one deadline (``timeout_millis``, else

@@ -176,6 +176,22 @@ def test_start_as_current_span_records_what_the_block_raises():
     assert "boom" in event.attributes["exception.stacktrace"]
 
 
+def test_start_as_current_span_takes_start_spans_options_and_end_on_exit():
+    pipeline = Pipeline()
+    with pytest.raises(ValueError):
+        with pipeline.slim.start_as_current_span("quiet", None, SpanKind.CLIENT, {"a": 1},
+                                                 record_exception=False, set_status_on_exception=False):
+            raise ValueError("hush")
+    (quiet,) = pipeline.ended()
+    assert quiet.kind is SpanKind.CLIENT and dict(quiet.attributes) == {"a": 1}
+    assert quiet.events == () and quiet.status.status_code is StatusCode.UNSET
+    with pipeline.slim.start_as_current_span("open", end_on_exit=False) as span:
+        pass
+    assert span.is_recording() and len(pipeline.ended()) == 1
+    span.end()
+    assert len(pipeline.ended()) == 2
+
+
 def test_a_span_ends_as_the_one_record_every_output_reads():
     """The processors get the span's SpanRecord: otel_verl's OTLP encoders take it as it
     is, and the SDK's encoder (a user's exporter on otel_verl's provider) writes the same
