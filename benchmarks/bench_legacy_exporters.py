@@ -39,8 +39,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON  # noqa: E402
 
 from otel_verl import events, settings  # noqa: E402
 from otel_verl import semconv as sc  # noqa: E402
-from otel_verl.exporters.progress_log import ProgressLogProcessor  # noqa: E402
-from otel_verl.exporters.sample_csv import SampleCsvProcessor  # noqa: E402
+from otel_verl.legacy.progress_log import ProgressLogProcessor  # noqa: E402
+from otel_verl.legacy.sample_csv import SampleCsvProcessor  # noqa: E402
 from otel_verl.payload import payload_of  # noqa: E402
 from otel_verl.sampling import UidIdGenerator, record_dropped_samples  # noqa: E402
 from otel_verl.semconv import Subject, Stage  # noqa: E402

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from otel_verl import events, settings  # noqa: E402
-from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor  # noqa: E402
+from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor  # noqa: E402
 
 PROMPT_TOKENS = 256
 COMPLETION_TOKENS = 512

@@ -449,9 +449,9 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
 
     from otel_verl import bootstrap, events, settings
-    from otel_verl.exporters.progress_log import ProgressLogProcessor
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
-    from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+    from otel_verl.legacy.progress_log import ProgressLogProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
     from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
 
     cfg = settings.load({"VERL_TRACE_DIR": trace_dir, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
@@ -490,15 +490,12 @@ def _micro_workload(
     import pickle
 
     from otel_verl import carriers, events
-    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
     from otel_verl.instrumentation.llm_client import _model_and_provider
 
     prompt_ids = list(range(1000, 1000 + PROMPT_TOKENS))
     completion_ids = list(range(2000, 2000 + COMPLETION_TOKENS))
     meta = {"e2e_latency": 0.06, "queue_time": 0.0001, "request_received_ts": 1.0, "prefill_finished_ts": 1.01,
             "prefill_launch_latency": 0.0001}
-    # as the _run_agent_loop wrapper passes them
-    decode, encode = (text_decoder(tokenizer), text_encoder(tokenizer)) if tokenizer is not None else (None, None)
     request_id = uuid.uuid4().hex
     traced = events.enabled()  # untraced: stock verl has no carrier, no wrapper work
     for i in range(count):
@@ -508,7 +505,7 @@ def _micro_workload(
             carrier = carriers.pop_kwargs(kwargs)
             row = getattr(carrier, "row", None) or {}
         with events.trajectory(f"uid-{i // 8}", row.get("traj_uid", str(i % 8)), step=1, agent_name="single_turn_agent",
-                               parent=carrier, n_samples=8, worker_index=0, decode=decode, encode=encode):
+                               parent=carrier, n_samples=8, worker_index=0, tokenizer=tokenizer):
             with events.agent_run("SingleTurnAgentLoop"):
                 ids = list(prompt_ids)
                 for _ in range(turns):

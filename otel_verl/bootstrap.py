@@ -169,7 +169,9 @@ def output_processors(cfg: settings_mod.Settings, resource_attributes: Optional[
     the metrics, and the loss file (a trace dir) of the process of ``resource_attributes``.
     Also what the export process of :mod:`otel_verl.offload` runs. Each queues what it
     gets and writes from a thread of its own: none waits on another."""
-    processors = _legacy_processors(cfg)
+    from otel_verl import legacy
+
+    processors = legacy.processors(cfg)
     if cfg.write_otlp_files:
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
@@ -311,29 +313,9 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
 def output_start_subjects() -> FrozenSet[Any]:
     """The payload subjects whose start an output of :func:`output_processors` reads (OTLP reads
     ends only): the export process gets no other span's start."""
-    from otel_verl.exporters.progress_log import ProgressLogProcessor
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
-    from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+    from otel_verl import legacy
 
-    return frozenset().union(*(output.on_start_subjects for output in
-                               (ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor)))
-
-
-def _legacy_processors(cfg: settings_mod.Settings) -> List[Any]:
-    from otel_verl.exporters.progress_log import ProgressLogProcessor
-
-    processors: List[Any] = [ProgressLogProcessor(cfg.trace_dir, max_pending_bytes=cfg.max_queue_bytes)]
-    if cfg.trace_dir:
-        from otel_verl.exporters.sample_csv import SampleCsvProcessor
-        from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
-
-        processors.append(
-            SampleCsvProcessor(cfg.trace_dir, flow_stdout=cfg.flow_stdout, max_pending_bytes=cfg.max_queue_bytes)
-        )
-        processors.append(TrajectoryJsonlProcessor(cfg.trace_dir, max_file_bytes=cfg.jsonl_max_bytes,
-                                                   max_pending_bytes=cfg.max_queue_bytes,
-                                                   max_text_chars=cfg.jsonl_max_text_chars))
-    return processors
+    return legacy.start_subjects()
 
 
 def _otlp_exporter(cfg: settings_mod.Settings) -> Any:

@@ -52,6 +52,7 @@ def emit(
     n_traj: int,
     *,
     fit: bool = True,
+    tokenizer: Any = None,
     decode: Any = None,
     encode: Any = None,
     tool_arguments: Optional[str] = None,
@@ -77,7 +78,7 @@ def emit(
                                              step=step, trainer=TRAINER) or [None] * len(rows_uids)
         for uid, traj, carrier in zip(rows_uids, rows_trajs, carriers):
             with events.trajectory(uid, traj, step=step, agent_name="tool_agent", parent=carrier, n_samples=n_traj,
-                                   decode=decode, encode=encode):
+                                   tokenizer=tokenizer, decode=decode, encode=encode):
                 with events.agent_run("ToolAgentLoop"):
                     with events.llm_call(list(prompt_ids), model="tiny-model") as turn:
                         turn.finish(list(completion_ids), stop_reason="stop")

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_verl import events, payload, semconv as sc
 from otel_verl.ids import trace_id_for_uid
-from otel_verl.payload import TrajectoryData, TurnData
+from otel_verl.legacy.records import TrajectoryData, TurnData
 from otel_verl.semconv import Subject, Stage
 
 
@@ -220,7 +220,7 @@ def test_text_with_a_lone_surrogate_reaches_every_output_well_formed(make_pipeli
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     from otel_verl import health
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
 
     csv_proc = SampleCsvProcessor(str(tmp_path), discovery_path=None)
     pipeline = make_pipeline([csv_proc])

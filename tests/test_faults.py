@@ -321,8 +321,8 @@ def _malformed_ids():
 
 @pytest.mark.verl
 def test_malformed_ids_write_rows_with_normalised_bounded_ids(make_pipeline, tmp_path):
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
-    from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
     from otel_verl.semconv import Stage
 
     trace = str(tmp_path / "trace")
@@ -449,9 +449,9 @@ _RAISING = """
 def test_a_raising_span_processor_is_counted_and_starves_no_other_output(tmp_path):
     code = _RAISING + """
     import otel_verl, fault_workload as w
-    from otel_verl import bootstrap
-    original = bootstrap._legacy_processors
-    bootstrap._legacy_processors = lambda cfg: [Raising()] + original(cfg)  # first in line
+    from otel_verl import bootstrap, legacy
+    original = legacy.processors
+    legacy.processors = lambda cfg: [Raising()] + original(cfg)  # first in line
     assert otel_verl.configure()
     counter = w.attach_counter()
     outputs = w.Outputs()
@@ -498,7 +498,7 @@ def test_a_raising_batch_exporter_is_counted(tmp_path):
 def test_a_raising_processor_in_a_plain_sdk_provider_never_reaches_the_caller(make_pipeline, tmp_path):
     """Even without bootstrap's isolating processor list (a provider someone else built),
     the events API swallows and counts what a processor raises."""
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
     from otel_verl.semconv import Stage
 
     ns = {}
@@ -865,7 +865,7 @@ def test_sigterm_during_a_batch_to_a_silent_collector_dies_within_the_budget(tmp
 def test_hour_boundary_split_accounts_for_every_line(make_pipeline, tmp_path):
     """The split itself: test_progress_log.py::test_hour_rollover_and_discovery_file. Here:
     lines emitted across the boundary land whole in their own hour's file, none lost."""
-    from otel_verl.exporters.progress_log import ProgressLogProcessor
+    from otel_verl.legacy.progress_log import ProgressLogProcessor
 
     t0 = time.mktime((2026, 8, 20, 11, 59, 59, 0, 0, -1)) + 0.5  # half a second before a local hour
     now = [t0]

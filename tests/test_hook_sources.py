@@ -328,7 +328,7 @@ def test_keys_read_follow_constants_loops_and_helpers(tmp_path, monkeypatch):
 
 
 def test_server_meta_keys_are_read_from_the_exporter():
-    from otel_verl.exporters import trajectory_jsonl
+    from otel_verl.legacy import trajectory_jsonl
 
     keys = hookcheck.server_meta_keys()
     assert "e2e_latency" in keys and len(set(keys)) == len(keys)

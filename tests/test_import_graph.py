@@ -220,6 +220,25 @@ def test_carriers_never_import_the_configurator():
 
 
 TOOLS = ("otel_verl.tools",)  # doctor, report, replay and their helpers: never in a training process
+LEGACY = ("otel_verl.legacy",)
+
+
+def test_the_legacy_outputs_have_one_way_in():
+    """The events API fills the legacy records and the configurator builds the legacy
+    outputs, both through the package's own names; no wrapper, no part of the export
+    process's wire and no other output imports the legacy layer, and it imports none of them."""
+    edges = import_graph()
+    into = [(src, dst, where) for src, dst, where in edges if _within(dst, LEGACY) and not _within(src, LEGACY)]
+    assert {src for src, _, _ in into} >= {"otel_verl.events.worker", "otel_verl.bootstrap"}
+    allowed = ("otel_verl.events",) + CONFIGURATOR
+    others = [f"{src} -> {dst} ({where})" for src, dst, where in into
+              if not (dst == "otel_verl.legacy" and _within(src, allowed)) and not _within(src, TOOLS)]
+    assert not others, "\n".join(others)
+    out = [f"{src} -> {dst} ({where})" for src, dst, where in edges if _within(src, LEGACY)
+           and _within(dst, INSTRUMENTATION + CONFIGURATOR + ("otel_verl.offload",))]
+    assert not out, "\n".join(out)
+
+
 
 
 def test_the_runtime_never_imports_a_tool():
@@ -273,8 +292,8 @@ def test_a_traced_process_and_its_export_process_load_no_tool_module(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         [line] = [x for x in proc.stdout.splitlines() if x.startswith("MODULES ")]
         loaded = line.split()[1:]
-        assert "otel_verl.exporters.trajectory_jsonl" in loaded or offload == "1"
+        assert "otel_verl.legacy.trajectory_jsonl" in loaded or offload == "1"
         assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded
     loaded = host_modules.read_text().split()
-    assert "otel_verl.exporters.trajectory_jsonl" in loaded  # the export process wrote the outputs
+    assert "otel_verl.legacy.trajectory_jsonl" in loaded  # the export process wrote the outputs
     assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded

@@ -307,8 +307,8 @@ def test_only_numeric_server_meta_becomes_server_span_attributes(make_pipeline):
 
 @pytest.mark.verl
 def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path):
-    """The export process decodes and encodes with what ``text_decoder`` / ``text_encoder``
-    send it: the tokenizer's own results, loaded without importing transformers."""
+    """The export process decodes and encodes with the ``TextCodec`` it is sent: the
+    tokenizer's own results, loaded without importing transformers."""
     import pickle
     import subprocess
     import sys
@@ -317,17 +317,18 @@ def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path
     from transformers import AutoTokenizer
 
     from otel_verl.demo.tiny_model import ensure_tiny_model
-    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
+    from otel_verl.legacy.tokenizer import text_codec
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path / "model")))
     text = "hello <tool_call>world</tool_call> 12 + 30 = 42 <|im_end|>"
     ids = tokenizer.encode(text, add_special_tokens=False)
-    decode, encode = text_decoder(tokenizer), text_encoder(tokenizer)
-    assert decode is text_decoder(tokenizer) and encode is text_encoder(tokenizer)  # sent once per tokenizer
+    codec = text_codec(tokenizer)
+    assert codec is text_codec(tokenizer)  # sent once per tokenizer
+    decode, encode = codec
     for given in (ids, np.array(ids), torch.tensor(ids)):
         assert decode(given, skip_special_tokens=True) == tokenizer.decode(given, skip_special_tokens=True)
     assert encode(text, add_special_tokens=False) == ids
-    (tmp_path / "codec").write_bytes(pickle.dumps((decode, encode)))
+    (tmp_path / "codec").write_bytes(pickle.dumps(codec))
     code = ("import pickle, sys; decode, encode = pickle.load(open(sys.argv[1], 'rb'));"
             "print(repr(decode(eval(sys.argv[2]))), encode(sys.argv[3], add_special_tokens=False),"
             " 'transformers' in sys.modules)")

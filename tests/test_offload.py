@@ -21,7 +21,7 @@ import fault_workload
 from otel_verl import bootstrap, events, health, settings
 from otel_verl.instrumentation import tracing
 from otel_verl.offload.forwarder import OffloadSpanProcessor
-from otel_verl.payload import TrajectoryData, TurnData
+from otel_verl.legacy.records import TrajectoryData, TurnData
 
 UIDS = [f"u{i}" for i in range(6)]
 
@@ -107,12 +107,10 @@ def test_the_export_process_writes_what_the_process_would_have(pipelines, tmp_pa
     from transformers import AutoTokenizer
 
     from otel_verl.demo.tiny_model import ensure_tiny_model
-    from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
-
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
     p = pipelines()
     for step in (1, 2):
-        fault_workload.emit(step, UIDS, 4, fit=step == 1, decode=text_decoder(tokenizer), encode=text_encoder(tokenizer),
+        fault_workload.emit(step, UIDS, 4, fit=step == 1, tokenizer=tokenizer,
                             observation="tool says 42", prompt_ids=list(range(30, 60)), completion_ids=[70, 71, 72])
     p.provider.force_flush()
     here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
@@ -141,7 +139,7 @@ def test_decode_functions_made_per_trajectory_reach_the_export_process(pipelines
     from otel_verl.offload import forwarder
 
     p = pipelines()
-    count = 3 * forwarder.MAX_CODECS
+    count = 3 * forwarder.MAX_SHARED
     for i in range(count):
         with events.trajectory(f"u{i}", "0", step=1, agent_name="a", decode=lambda ids, i=i, **kw: f"text of {i}"):
             with events.llm_call([1, 2, 3], model="m") as turn:
@@ -154,13 +152,13 @@ def test_decode_functions_made_per_trajectory_reach_the_export_process(pipelines
                 row = json.loads(line)
                 texts[row["prompt_uid"]] = json.loads(row["raw_message"])["turns"][0]["completion_text"]
     assert texts == {f"u{i}": f"text of {i}" for i in range(count)}
-    assert len(p.offload._codecs) <= forwarder.MAX_CODECS
+    assert len(p.offload._shared) <= forwarder.MAX_SHARED
     assert health.snapshot() == {"failures": {}, "dropped": {}}
 
 
 class _DecodeThatDoesNotUnpickle:
     """A tokenizer's decode that pickles but fails to unpickle: the export process counts
-    an ``offload.tokenizer`` failure of its own."""
+    an ``offload.shared`` failure of its own."""
 
     def __call__(self, ids, **kwargs):
         return "text"
@@ -182,7 +180,7 @@ def test_the_export_process_metrics_report_this_process_losses_once(pipelines, t
         with events.llm_call([1, 2, 3], model="m") as turn:
             turn.finish([4, 5], stop_reason="stop")
     assert p.provider.force_flush()
-    _wait_until(lambda: health.snapshot()["failures"].get("offload.tokenizer"))  # relayed here
+    _wait_until(lambda: health.snapshot()["failures"].get("offload.shared"))  # relayed here
     assert p.provider.force_flush()  # a Flush after the relay: sent without it
     p.close()  # the export process collects its metrics a last time and exits
 
@@ -197,7 +195,7 @@ def test_the_export_process_metrics_report_this_process_losses_once(pipelines, t
                                 label = {a["key"]: a["value"]["stringValue"] for a in point["attributes"]}
                                 points[(metric["name"], *label.values())] = int(point["asInt"])  # the latest
     assert points[(m.FAILURES, "events.test")] == 1
-    assert points[(m.FAILURES, "offload.tokenizer")] == 1
+    assert points[(m.FAILURES, "offload.shared")] == 1
     assert points[(m.DROPPED, "offload")] == 2
 
 
@@ -417,11 +415,12 @@ def test_the_sender_takes_what_was_queued_when_it_woke():
 def _multi_turn(prompt_shapes: str) -> "tuple[TrajectoryData, list]":
     """A finished 4-turn trajectory whose prompts are built the ways agent loops build
     them, and each turn's whole prompt at the call."""
-    from otel_verl.payload import kept_ids, kept_prompt
+    from otel_verl.legacy.records import kept_ids, kept_prompt
+    from otel_verl.legacy.tokenizer import TextCodec
 
     data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
-                          completed_at=9.0, decode=lambda ids, **kw: ",".join(map(str, ids)),
-                          encode=lambda text, **kw: list(range(len(text.split()))))
+                          completed_at=9.0, codec=TextCodec(lambda ids, **kw: ",".join(map(str, ids)),
+                                                            lambda text, **kw: list(range(len(text.split())))))
     shared = list(range(100, 120))  # ToolAgentLoop: one list, extended in place after each turn
     prompt = list(range(100, 120))
     wholes = []
@@ -457,16 +456,17 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
     from opentelemetry.trace import SpanContext
 
-    from otel_verl.exporters.trajectory_jsonl import trajectory_line
+    from otel_verl.legacy.trajectory_jsonl import trajectory_line
     from otel_verl.offload import wire
     from otel_verl.offload.host import Host
-    from otel_verl.payload import Payload, UnsentTokens, payload_of
+    from otel_verl.legacy.records import UnsentTokens
+    from otel_verl.payload import Payload, payload_of
     from otel_verl.semconv import Subject
 
     data, wholes = _multi_turn(prompt_shapes)
     span = ReadableSpan("invoke_agent tool_agent", context=SpanContext(1, 2, False), start_time=1, end_time=9)
-    codecs = []
-    sent = wire.frame(wire.snapshot(span, Payload(Subject.TRAJECTORY, data), lambda *codec: codecs.append(codec) or 0))
+    shared = []
+    sent = wire.frame(wire.snapshot(span, Payload(Subject.TRAJECTORY, data), lambda codec: shared.append(codec) or 0))
     rebuilt = []
 
     class Reader(SpanProcessor):
@@ -474,7 +474,7 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
             rebuilt.append(payload_of(span).data)
 
     host = Host(wire.HostConfig(settings.load({}), {}, "", 1), processors=[Reader()])
-    host.codecs[0] = codecs[0]
+    host.shared[0] = shared[0]
     host.export(wire.read_frame(io.BytesIO(sent)))
     [got] = rebuilt
     assert trajectory_line(got) == trajectory_line(data)
@@ -533,8 +533,8 @@ def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp
     """Starts go to the export process for the kinds an output writes rows for at a start
     (bootstrap.output_start_subjects); a tool or reward span goes once, whole, at its end,
     and the outputs are still the ones the process writes itself."""
-    from otel_verl.exporters.progress_log import ProgressLogProcessor
-    from otel_verl.exporters.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.progress_log import ProgressLogProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
     from otel_verl.semconv import Subject
 
     kinds = bootstrap.output_start_subjects()
@@ -548,9 +548,9 @@ def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp
     sent = []
     snapshot = wire.snapshot
 
-    def spy(span, payload, codec_id, start_attributes=None):
+    def spy(span, payload, shared_id, start_attributes=None):
         sent.append(("start" if start_attributes is not None else "end", span.name))
-        return snapshot(span, payload, codec_id, start_attributes)
+        return snapshot(span, payload, shared_id, start_attributes)
 
     monkeypatch.setattr(wire, "snapshot", spy)
     with events.trajectory("u1", "0", step=1, agent_name="tool_agent"):

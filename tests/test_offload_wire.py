@@ -18,7 +18,9 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 
 from otel_verl import health, payload, settings
 from otel_verl.offload import wire
-from otel_verl.payload import Payload, PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
+from otel_verl.legacy.records import PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
+from otel_verl.legacy.tokenizer import TextCodec
+from otel_verl.payload import Payload
 from otel_verl.semconv import Subject
 
 RESOURCE = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
@@ -119,7 +121,7 @@ def _trajectory() -> TrajectoryData:
     data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
                           completed_at=9.0, agent_metrics={"num_turns": 3}, reward_score=0.5,
                           agent_loop_class="ToolAgentLoop", run_completed_ns=8, reward_row=(9, 0.5),
-                          decode=lambda ids, **kw: ",".join(map(str, ids)), encode=lambda text, **kw: [1])
+                          codec=TextCodec(lambda ids, **kw: ",".join(map(str, ids)), lambda text, **kw: [1]))
     prompt = list(range(100, 120))
     for i in range(3):
         turn = TurnData(prompt_ids=kept_prompt(prompt, data.turns[-1] if data.turns else None), start_ts=2.0 + i,
@@ -144,31 +146,33 @@ def _first(turn: TurnData) -> int:
 
 
 def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
-    capture, codecs = Capture(), []
+    capture, shared = Capture(), []
     tracer = _tracer(capture)
     data = _trajectory()
     span = payload.start_span(tracer, "invoke_agent tool_agent", Payload(Subject.TRAJECTORY, data))
     turn = payload.start_span(tracer, "chat m", Payload(Subject.LLM_CALL, data.turns[0]))
     payload.end_span(turn)
     payload.end_span(span)
-    codec_id = lambda decode, encode: codecs.append((decode, encode)) or 7  # noqa: E731
+    shared_id = lambda codec: shared.append(codec) or 7  # noqa: E731
 
     [(started, started_payload, attributes), (turn_started, turn_payload, _)] = capture.starts
-    at_start = _crossed(wire.snapshot(started, started_payload, codec_id, attributes))
-    assert at_start.codec is None and at_start.payload.subject is Subject.TRAJECTORY
+    at_start = _crossed(wire.snapshot(started, started_payload, shared_id, attributes))
+    assert at_start.shared is None and at_start.payload.subject is Subject.TRAJECTORY
     assert at_start.payload.data.turns == [] and at_start.payload.data.agent_metrics == {}
     assert (at_start.payload.data.uid, at_start.payload.data.traj_uid, at_start.payload.data.agent_name) == (
         "u", "0", "tool_agent")
     # a turn's data goes with its trajectory only
-    assert _crossed(wire.snapshot(turn_started, turn_payload, codec_id, {})).payload == Payload(Subject.LLM_CALL)
-    assert _crossed(wire.snapshot(*capture.ends[0], codec_id)).payload == Payload(Subject.LLM_CALL)
-    assert codecs == []
+    assert _crossed(wire.snapshot(turn_started, turn_payload, shared_id, {})).payload == Payload(Subject.LLM_CALL)
+    assert _crossed(wire.snapshot(*capture.ends[0], shared_id)).payload == Payload(Subject.LLM_CALL)
+    assert shared == []
 
-    at_end = _crossed(wire.snapshot(*capture.ends[1], codec_id))
-    assert codecs == [(data.decode, data.encode)] and at_end.codec == 7
+    at_end = _crossed(wire.snapshot(*capture.ends[1], shared_id))
+    assert shared == [data.codec] and at_end.shared == 7
     sent = at_end.payload.data
-    assert (sent.decode, sent.encode) == (None, None)
-    assert _fields(sent) == dict(_fields(data), decode=None, encode=None)
+    assert sent.codec is None
+    assert _fields(sent) == dict(_fields(data), codec=None)
+    sent.received(data.codec)  # as the export process does
+    assert sent.codec is data.codec
     assert all(type(turn.completion_ids) is array for turn in sent.turns)
     later = sent.turns[1].prompt_ids  # a later turn's prompt: the ids after the previous completion
     assert type(later) is PromptTail and later.start == 23 and len(later) == 25
@@ -273,8 +277,8 @@ def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_
 
 
 def test_every_message_crosses_a_frame_as_itself():
-    messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Codec(1, pickle.dumps((len, len))),
-                wire.ForgetCodec(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, False, {"failures": {}, "dropped": {}}),
+    messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Shared(1, pickle.dumps((len, len))),
+                wire.ForgetShared(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, False, {"failures": {}, "dropped": {}}),
                 wire.Spans([], 3), wire.Close(3, {"failures": {}, "dropped": {"x": 1}}),
                 wire.Flush(4, {"failures": {}, "dropped": {}}, 1500)]
     assert [wire.read_frame(io.BytesIO(wire.frame(m))) for m in messages] == messages

@@ -15,8 +15,8 @@ import pytest
 import wrapt
 
 from otel_verl import events
-from otel_verl.exporters.sample_csv import SampleCsvProcessor
-from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+from otel_verl.legacy.sample_csv import SampleCsvProcessor
+from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 from otel_verl.instrumentation import hooks, llm_client, llm_server
 
 from demo_checks import csv_rows, jsonl_lines

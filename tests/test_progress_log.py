@@ -16,7 +16,7 @@ import time
 import pytest
 
 from otel_verl import events, health
-from otel_verl.exporters.progress_log import ProgressLogProcessor
+from otel_verl.legacy.progress_log import ProgressLogProcessor
 from otel_verl.semconv import Layout, Stage
 
 DISAGG = Layout.DISAGGREGATED.value

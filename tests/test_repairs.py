@@ -33,14 +33,14 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_verl import bootstrap, events, health, settings
+from otel_verl import bootstrap, events, health, legacy, settings
 from otel_verl import semconv as sc
-from otel_verl.exporters import progress_log, sample_csv, trajectory_jsonl
+from otel_verl.legacy import progress_log, sample_csv, trajectory_jsonl
 from otel_verl.exporters.otlp_encoding import ProtobufEncoder, records_of
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter, spans_from_files
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
-from otel_verl.exporters.sample_csv import SampleCsvProcessor
-from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+from otel_verl.legacy.sample_csv import SampleCsvProcessor
+from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 from otel_verl.semconv import Outcome
 from test_trajectory_jsonl import REST_KEYS, TURN_KEYS
 
@@ -377,7 +377,7 @@ def test_the_jsonl_text_bound_is_set_by_its_variable(tmp_path, make_pipeline, mo
     cfg = settings.load({"OTEL_VERL_ENABLED": "1", settings.TRACE_DIR: str(tmp_path),
                          settings.JSONL_MAX_TEXT_CHARS: "4096"})
     assert cfg.jsonl_max_text_chars == 4096
-    processors = bootstrap._legacy_processors(cfg)  # as a rollout worker's outputs are built
+    processors = legacy.processors(cfg)  # as a rollout worker's outputs are built
     try:
         [processor] = [p for p in processors if isinstance(p, TrajectoryJsonlProcessor)]
         make_pipeline([processor])

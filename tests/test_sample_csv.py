@@ -15,7 +15,7 @@ import pytest
 
 from otel_verl import events, health
 from otel_verl.exporters._writer import one_line
-from otel_verl.exporters.sample_csv import Rows, SampleCsvProcessor, render_rows
+from otel_verl.legacy.sample_csv import Rows, SampleCsvProcessor, render_rows
 from otel_verl.semconv import Stage
 
 CSV_HEADERS = ["job_id", "cat", "sample_id", "sample_status", "timestamp", "content"]
@@ -428,7 +428,7 @@ def test_refused_rows_are_counted_not_silent(csv_proc, clock, monkeypatch):
         real_append(fd, data)
 
     monkeypatch.setattr(_writer, "append_whole", slow_append)
-    from otel_verl.exporters.sample_csv import ROW_BYTES
+    from otel_verl.legacy.sample_csv import ROW_BYTES
 
     proc, _ = csv_proc(max_pending_bytes=8 * ROW_BYTES)
     for step in (1, 2):  # the first stage's rows are still being written when the second's come
@@ -516,7 +516,7 @@ def test_rows_that_cannot_be_formatted_are_counted(csv_proc, clock, monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("no format")
 
-    monkeypatch.setattr("otel_verl.exporters.sample_csv.render_rows", broken)
+    monkeypatch.setattr("otel_verl.legacy.sample_csv.render_rows", broken)
     with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent"):  # one row
         pass
     assert proc.force_flush()

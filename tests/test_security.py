@@ -277,7 +277,7 @@ def test_created_files_and_directories_are_never_world_writable(tmp_path):
     code = f"""
         import os
         os.umask(0)
-        from otel_verl.exporters import progress_log, sample_csv, trajectory_jsonl
+        from otel_verl.legacy import progress_log, sample_csv, trajectory_jsonl
         for cls, name in ((sample_csv.SampleCsvProcessor, "sample"), (progress_log.ProgressLogProcessor, "progress"),
                           (trajectory_jsonl.TrajectoryJsonlProcessor, "trajectory")):
             cls.__init__.__kwdefaults__["discovery_path"] = os.path.join({str(disc)!r}, name + ".txt")

@@ -8,7 +8,7 @@ import io
 
 import pytest
 
-from otel_verl.exporters.progress_log import ProgressLogProcessor
+from otel_verl.legacy.progress_log import ProgressLogProcessor
 
 pytestmark = pytest.mark.verl
 

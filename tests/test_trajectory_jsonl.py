@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from otel_verl import events, health
-from otel_verl.exporters import trajectory_jsonl as tj
-from otel_verl.exporters.trajectory_jsonl import TrajectoryJsonlProcessor
+from otel_verl.legacy import trajectory_jsonl as tj
+from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 
 UID = "92ee95cb-f14d-4a51-92a5-9a2a0f88d1d5"
 T0 = 1787215072.0  # all test times are binary-exact (multiples of 1/8 s)
@@ -343,7 +343,7 @@ def test_a_turn_record_holds_none_of_the_agent_loops_id_lists(clock, traj_dir):
     import gc
     from array import array
 
-    from otel_verl.payload import PromptTail, TurnData, UnsentTokens
+    from otel_verl.legacy.records import PromptTail, TurnData, UnsentTokens
 
     proc, trace_dir, _ = traj_dir
     tok = CharTokenizer()

@@ -11,8 +11,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
+from otel_verl.legacy import TextCodec, TrajectoryData, TurnData, kept_ids, kept_prompt, text_codec, token_list
 from otel_verl.ids import id_str
-from otel_verl.payload import TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
 from otel_verl.semconv import Subject
 from otel_verl.events import _core
 from otel_verl.events._core import (
@@ -50,6 +50,7 @@ def trajectory(
     worker_index: Optional[int] = None,
     trainer_api: str = "v0",
     validate: bool = False,
+    tokenizer: Any = None,
     decode: Any = None,
     encode: Any = None,
 ) -> ContextManager[Optional[TrajectoryData]]:
@@ -62,7 +63,9 @@ def trajectory(
     ``{uid}/{traj_uid}``, here and on its LLM spans.
 
     ``parent`` is the carrier the trainer sent with the row; without one the span is
-    parented to the sample root's derived ids. The block gets the trajectory's data
+    parented to the sample root's derived ids. ``tokenizer`` (its ``decode`` and
+    ``encode``), or ``decode`` / ``encode`` of a loop without one, turn the turns' token
+    ids into the trajectory JSONL's texts. The block gets the trajectory's data
     (``None`` when not traced) so the caller may add metrics.
     """
     rt = _core.state()
@@ -76,8 +79,10 @@ def trajectory(
         parent_ctx = carriers.context_from(parent) if parent is not None else None
         if parent_ctx is None:
             parent_ctx = _sample_root_context(uid_s)
+        codec = text_codec(tokenizer) if tokenizer is not None else (
+            TextCodec(decode, encode) if decode is not None or encode is not None else None)
         data = TrajectoryData(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
-                              decode=decode, encode=encode)
+                              codec=codec)
         sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
         conversation_id = f"{uid_s}/{traj_s}"
         attrs = {
@@ -130,6 +135,12 @@ class _TrajectoryScope(SpanScope):
         self.live_messages: Any = None
         self.last_output: Optional[str] = None  # the last turn's gen_ai.output.messages
         self.weight_versions: List[int] = []  # of every engine request of its turns
+
+    @property
+    def decode(self) -> Any:
+        """The tokenizer's decode (content capture shows texts with it), or ``None``."""
+        codec = self.data.codec
+        return codec.decode if codec is not None else None
 
     def value(self) -> TrajectoryData:
         return self.data
@@ -417,7 +428,7 @@ class _CapturingTurn(Turn):
         if self._messages is not None:
             messages, count = self._messages
             return chat_messages_json(messages[:count])
-        decode = self._traj.data.decode
+        decode = self._traj.decode
         if decode is None:  # a worker without a tokenizer: no text to show
             return None
         count = self.data.prompt_token_count
@@ -425,7 +436,7 @@ class _CapturingTurn(Turn):
         return text_message_json("user", decode(prompt_ids, skip_special_tokens=False))
 
     def _capture_content(self, data: TurnData) -> None:
-        decode = self._traj.data.decode
+        decode = self._traj.decode
         if decode is None:
             return
         try:

@@ -20,7 +20,6 @@ from typing import Any, List, Optional
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import arguments, with_argument
-from otel_verl.instrumentation._tokenizer import text_decoder, text_encoder
 from otel_verl.instrumentation.hooks import Hook, install_on
 from otel_verl.semconv import Role
 
@@ -39,7 +38,6 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
     if traj_uid is None or traj_uid == "N/A":
         traj_uid = session_id if session_id is not None else kwargs.get("traj_uid", "N/A")
     rollout_config = getattr(worker, "rollout_config", None)
-    tokenizer = getattr(worker, "tokenizer", None)
     uid = kwargs.get("uid", "N/A")
     # v1: a session is a child of its prompt's task (see agent_loop_tq)
     prompt_task = events.prompt_task_parent(uid) if session_id is not None else None
@@ -54,8 +52,7 @@ def _trajectory_args(worker: Any, trajectory: Optional[dict], kwargs: dict, carr
         worker_index=row.get("worker"),
         trainer_api="v1" if session_id is not None else "v0",
         validate=bool(trajectory.get("validate", False)),
-        decode=text_decoder(tokenizer),
-        encode=text_encoder(tokenizer),
+        tokenizer=getattr(worker, "tokenizer", None),
     )
 
 

@@ -51,7 +51,7 @@ logger = logging.getLogger("otel_verl")
 
 OUTPUT = wire.OFFLOAD_OUTPUT
 STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
-MAX_CODECS = 16  # tokenizers both ends keep (an agent loop may make a decode function per trajectory)
+MAX_SHARED = 16  # shared objects both ends keep (an agent loop may make a tokenizer per trajectory)
 CHECKPOINT_INTERVAL_S = 1.0  # how often what was sent is acknowledged (a death may count a span written since)
 MAX_RESTARTS_PER_MINUTE = 3
 SHUTDOWN_TIMEOUT_S = 60.0  # the export process's outputs get this long to finish at shutdown
@@ -218,7 +218,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self._why_stopped = ""
         self._restarts: deque = deque()  # when each restart of the last minute happened
         self._child: Optional[ExportProcess] = None
-        self._forget_codecs()
+        self._forget_shared()
         self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
         try:
             self._child = self._spawn()
@@ -257,12 +257,12 @@ class OffloadSpanProcessor(SpanProcessor):
             raise
         return child
 
-    def _forget_codecs(self) -> None:
-        """A new export process knows no tokenizer yet."""
-        self._codecs: "OrderedDict[Any, int]" = OrderedDict()  # (decode, encode) -> id, most recent last
-        self._next_codec_id = 0
-        self._new_codecs: List[wire.Codec] = []  # to send before the batch that names them
-        self._forgotten_codecs: List[wire.ForgetCodec] = []  # to send after it
+    def _forget_shared(self) -> None:
+        """A new export process knows no shared object yet."""
+        self._shared: "OrderedDict[Any, int]" = OrderedDict()  # object -> id, most recent last
+        self._next_shared_id = 0
+        self._new_shared: List[wire.Shared] = []  # to send before the batch that names them
+        self._forgotten_shared: List[wire.ForgetShared] = []  # to send after it
 
     # ------------------------------------------------------------------ sender thread
 
@@ -302,7 +302,7 @@ class OffloadSpanProcessor(SpanProcessor):
                     flush = (span, payload)  # its seq and timeout
                     break  # what was queued after it goes after the Flush
                 try:
-                    batch.append(wire.snapshot(span, payload, self._codec_id, start_attributes))
+                    batch.append(wire.snapshot(span, payload, self._shared_id, start_attributes))
                 except Exception as exc:
                     health.record_failure("offload.snapshot", exc)
                     self._lost(kind is ENDED, "a span could not be read")
@@ -315,14 +315,14 @@ class OffloadSpanProcessor(SpanProcessor):
                     queued: int) -> None:
         """Sends ``batch`` and then, given ``(seq, timeout_ms)``, a Flush."""
         child = self._child
-        frames = [wire.frame(codec) for codec in self._new_codecs]
-        self._new_codecs = []
+        frames = [wire.frame(shared) for shared in self._new_shared]
+        self._new_shared = []
         ends = 0
         if batch:
             spans, ends = self._spans_frame(batch, queued)
             frames.append(spans)
-        frames += [wire.frame(forget) for forget in self._forgotten_codecs]
-        self._forgotten_codecs = []
+        frames += [wire.frame(forget) for forget in self._forgotten_shared]
+        self._forgotten_shared = []
         if flush is not None:
             seq, timeout_ms = flush
             frames.append(wire.frame(wire.Flush(seq, self._own_counts(), timeout_ms)))
@@ -368,27 +368,28 @@ class OffloadSpanProcessor(SpanProcessor):
                 queued = self._queued_ends
             self._send_batch([], (seq, None), queued)
 
-    def _codec_id(self, decode: Any, encode: Any) -> int:
-        key = (decode, encode)  # bound methods compare equal for the same tokenizer
-        codecs = self._codecs
-        codec_id = codecs.get(key)
-        if codec_id is not None:
-            codecs.move_to_end(key)
-            return codec_id
-        codec_id = self._next_codec_id
-        self._next_codec_id += 1
+    def _shared_id(self, shared: Any) -> int:
+        """The id ``shared`` goes by, sent once (objects that compare equal share one: a
+        tokenizer's bound methods do)."""
+        known = self._shared
+        shared_id = known.get(shared)
+        if shared_id is not None:
+            known.move_to_end(shared)
+            return shared_id
+        shared_id = self._next_shared_id
+        self._next_shared_id += 1
         try:
-            self._new_codecs.append(wire.Codec(codec_id, wire.dumps_codec(key)))
+            self._new_shared.append(wire.Shared(shared_id, wire.dumps_shared(shared)))
         except Exception as exc:
-            # The trajectory JSONL then has no texts for this tokenizer's trajectories.
-            health.record_failure("offload.tokenizer", exc)
-            codec_id = wire.UNSENDABLE_CODEC
-        codecs[key] = codec_id
-        if len(codecs) > MAX_CODECS:
-            _, old_id = codecs.popitem(last=False)
-            if old_id != wire.UNSENDABLE_CODEC:
-                self._forgotten_codecs.append(wire.ForgetCodec(old_id))
-        return codec_id
+            # The data naming it goes without it (the trajectory JSONL: without texts).
+            health.record_failure("offload.shared", exc)
+            shared_id = wire.UNSENDABLE
+        known[shared] = shared_id
+        if len(known) > MAX_SHARED:
+            _, old_id = known.popitem(last=False)
+            if old_id != wire.UNSENDABLE:
+                self._forgotten_shared.append(wire.ForgetShared(old_id))
+        return shared_id
 
     # ------------------------------------------------------------------ supervision (sender thread)
 
@@ -426,7 +427,7 @@ class OffloadSpanProcessor(SpanProcessor):
                 child.kill()
                 self._stop(why)
                 return False
-            self._forget_codecs()
+            self._forget_shared()
             if self._answered_hello(child):
                 return True
             dead = child

@@ -35,7 +35,7 @@ import queue
 import signal
 import sys
 import threading
-from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional
 
 from otel_verl import health
 from otel_verl.offload import wire
@@ -68,7 +68,7 @@ class Host:
         # metrics), the loss file last
         self.file_outputs = sorted((p for p in processors if getattr(p, "writes_files", False)), key=finish_order)
         self.replies = Replies(reply if reply is not None else io.BytesIO())
-        self.codecs: Dict[int, Tuple[Any, Any]] = {}
+        self.shared: Dict[int, Any] = {}  # what payloads name, by id (see wire.Shared)
         self.received_ends = 0
         self.queued_ends = 0  # as the served process last said
         self.closed = False  # the served process sent its Close
@@ -80,13 +80,13 @@ class Host:
                 self.export(snapshot)
                 self.received_ends += snapshot.end_time is not None
             self.queued_ends = message.queued
-        elif isinstance(message, wire.Codec):
+        elif isinstance(message, wire.Shared):
             try:
-                self.codecs[message.codec_id] = pickle.loads(message.functions)
-            except Exception as exc:  # the JSONL has no texts for this tokenizer's trajectories
-                health.record_failure("offload.tokenizer", exc)
-        elif isinstance(message, wire.ForgetCodec):
-            self.codecs.pop(message.codec_id, None)
+                self.shared[message.shared_id] = pickle.loads(message.pickled)
+            except Exception as exc:  # the data naming it goes without it
+                health.record_failure("offload.shared", exc)
+        elif isinstance(message, wire.ForgetShared):
+            self.shared.pop(message.shared_id, None)
         elif isinstance(message, wire.Flush):
             health.record_served(message.counts)
             flush = None
@@ -106,8 +106,8 @@ class Host:
         (as the served process's spans carry theirs)."""
         try:
             span = self.rebuilder.span(snapshot)  # carrying its payload
-            if snapshot.codec is not None:  # a trajectory's tokenizer
-                span.payload.data.decode, span.payload.data.encode = self.codecs.get(snapshot.codec, (None, None))
+            if snapshot.shared is not None:  # e.g. a trajectory's tokenizer
+                span.payload.data.received(self.shared.get(snapshot.shared))
         except Exception as exc:
             health.record_failure("offload.rebuild", exc)
             return
@@ -223,8 +223,8 @@ def main(argv: Optional[list] = None) -> int:
         try:
             modules = len(sys.modules)
             host.handle(pickle.loads(body))
-            # A tokenizer's library came with it: frozen too. Only then, as an agent loop
-            # may send a tokenizer per trajectory, and frozen cycles are never collected.
+            # A library came with a shared object (a tokenizer's): frozen too. Only then,
+            # as an agent loop may send one per trajectory, and frozen cycles are never collected.
             if len(sys.modules) > modules:
                 _keep_out_of_full_collections()
         except Exception as exc:

@@ -6,8 +6,8 @@ big-endian length and a pickle of one message; every message is a NamedTuple bel
 Traced process -> export process (its stdin):
 
 - :class:`Hello` first, then :class:`Config`;
-- :class:`Codec`: a tokenizer's (decode, encode) functions, once, before the first
-  trajectory that names them; :class:`ForgetCodec` once no later trajectory will;
+- :class:`Shared`: an object that payloads name (a trajectory's tokenizer), once, before
+  the first span that names it; :class:`ForgetShared` once no later span will;
 - :class:`Spans`: span snapshots, in the order the spans started and ended, with how many
   span ends the traced process had queued so far;
 - :class:`Flush`: answered with :class:`Flushed` once every file output has written (or
@@ -34,12 +34,10 @@ A :class:`SpanSnapshot` holds what a span processor can read of a span through t
 scope and the attributes it had then. The resource is the traced process's, sent once in
 :class:`Config`.
 
-A payload goes as it is, except the data of a rollout worker's trajectory: its turns and
-its end are complete when the trajectory's span ends, and that span carries them then,
-with its tokenizer as a :class:`Codec` id (a tokenizer does not pickle cheaply); the
-trajectory's start carries the trajectory without turns, and other spans of the
-trajectory (an LLM call's turn, the reward span's trajectory) carry no data, which no
-output reads there.
+A payload goes as its data says (``sent``, see :mod:`otel_verl.payload`), else as it is;
+what that data names to be sent once (a tokenizer does not pickle cheaply) goes as a
+:class:`Shared` id, and the export process hands the object back to the rebuilt data
+(``received``). The wire knows no payload type.
 """
 
 from __future__ import annotations
@@ -56,13 +54,12 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from otel_verl.payload import Payload, TrajectoryData, TurnData
+from otel_verl.payload import Payload
 from otel_verl.record import EventRecord, LinkRecord, SpanRecord
-from otel_verl.semconv import Subject
 
-VERSION = 3  # of this wire format: a change to any message below needs a new one
+VERSION = 4  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
-UNSENDABLE_CODEC = -1  # a tokenizer whose functions could not be pickled
+UNSENDABLE = -1  # the id of a shared object that could not be pickled
 OFFLOAD_OUTPUT = "offload"  # the health counters' name for spans the export process never got
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 _HEADER = struct.Struct(">I")
@@ -91,15 +88,15 @@ class Config(NamedTuple):
     config: HostConfig
 
 
-class Codec(NamedTuple):
-    """A tokenizer's ``(decode, encode)``, pickled by :func:`dumps_codec`."""
+class Shared(NamedTuple):
+    """An object that payloads name by ``shared_id``, pickled by :func:`dumps_shared`."""
 
-    codec_id: int
-    functions: bytes
+    shared_id: int
+    pickled: bytes
 
 
-class ForgetCodec(NamedTuple):
-    codec_id: int
+class ForgetShared(NamedTuple):
+    shared_id: int
 
 
 class Flush(NamedTuple):
@@ -179,7 +176,7 @@ class SpanSnapshot(NamedTuple):
     dropped_events: int
     dropped_links: int
     payload: Optional[Payload]
-    codec: Optional[int]  # a trajectory's tokenizer (see Codec)
+    shared: Optional[int]  # what its payload names (see Shared)
 
 
 class Spans(NamedTuple):
@@ -198,7 +195,7 @@ def _as_tuples(s: SpanSnapshot) -> tuple:
             tuple((tuple(link.context), link.attributes, link.dropped_attributes) for link in s.links),
             s.status_code, s.status_description, tuple(s.scope) if s.scope is not None else None,
             s.dropped_attributes, s.dropped_events, s.dropped_links,
-            tuple(s.payload) if s.payload is not None else None, s.codec)
+            tuple(s.payload) if s.payload is not None else None, s.shared)
 
 
 def _spans_from_tuples(spans: List[tuple], queued: int) -> Spans:
@@ -209,13 +206,13 @@ def _snapshot_from_tuples(name: str, context: tuple, parent: Optional[tuple], ki
                           end_time: Optional[int], attributes: Dict[str, Any], events: tuple, links: tuple,
                           status_code: StatusCode, status_description: Optional[str], scope: Optional[tuple],
                           dropped_attributes: int, dropped_events: int, dropped_links: int,
-                          payload: Optional[tuple], codec: Optional[int]) -> SpanSnapshot:
+                          payload: Optional[tuple], shared: Optional[int]) -> SpanSnapshot:
     return SpanSnapshot(
         name, ContextSnapshot(*context), ContextSnapshot(*parent) if parent is not None else None, kind, start_time,
         end_time, attributes, tuple(EventSnapshot(*event) for event in events),
         tuple(LinkSnapshot(ContextSnapshot(*link[0]), link[1], link[2]) for link in links),
         status_code, status_description, ScopeSnapshot(*scope) if scope is not None else None,
-        dropped_attributes, dropped_events, dropped_links, Payload(*payload) if payload is not None else None, codec)
+        dropped_attributes, dropped_events, dropped_links, Payload(*payload) if payload is not None else None, shared)
 
 
 # --------------------------------------------------------------------------- frames
@@ -257,26 +254,26 @@ def _read_exactly(source: BinaryIO, size: int) -> Optional[bytes]:
     return b"".join(chunks)
 
 
-def dumps_codec(codec: Tuple[Any, Any]) -> bytes:
-    """A tokenizer's (decode, encode) pickled with cloudpickle, which takes what an agent
-    loop may hand over besides a tokenizer's bound methods: a lambda, a closure, a
-    function of the job's ``__main__`` (the export process has none of those by name)."""
+def dumps_shared(shared: Any) -> bytes:
+    """A shared object pickled with cloudpickle, which takes what an agent loop may hand
+    over besides a tokenizer's bound methods: a lambda, a closure, a function of the
+    job's ``__main__`` (the export process has none of those by name)."""
     try:
         import cloudpickle
     except ImportError:  # plain pickle takes a tokenizer's bound methods
-        return pickle.dumps(codec, PICKLE_PROTOCOL)
-    return cloudpickle.dumps(codec, PICKLE_PROTOCOL)
+        return pickle.dumps(shared, PICKLE_PROTOCOL)
+    return cloudpickle.dumps(shared, PICKLE_PROTOCOL)
 
 
 # --------------------------------------------------------------------------- snapshots (traced process)
 
 
-def snapshot(span: ReadableSpan, payload: Optional[Payload], codec_id: Callable[[Any, Any], int],
+def snapshot(span: ReadableSpan, payload: Optional[Payload], shared_id: Callable[[Any], int],
              start_attributes: Optional[Dict[str, Any]] = None) -> SpanSnapshot:
     """``span`` as a snapshot: its end, or with ``start_attributes`` (its attributes when
-    it started) its start. ``codec_id`` names a trajectory's (decode, encode) pair."""
+    it started) its start. ``shared_id`` names what the payload's data sends once."""
     started = start_attributes is not None
-    data, codec = _sent_data(payload, started, codec_id)
+    data, shared = _sent_data(payload, started, shared_id)
     scope = span.instrumentation_scope
     if started:
         attributes, events, status = start_attributes, (), Status(StatusCode.UNSET)
@@ -304,7 +301,7 @@ def snapshot(span: ReadableSpan, payload: Optional[Payload], codec_id: Callable[
         dropped_events=dropped_events,
         dropped_links=span.dropped_links,
         payload=data,
-        codec=codec,
+        shared=shared,
     )
 
 
@@ -320,20 +317,15 @@ def copied(attributes: Any) -> Dict[str, Any]:
 
 
 def _sent_data(payload: Optional[Payload], started: bool,
-               codec_id: Callable[[Any, Any], int]) -> Tuple[Optional[Payload], Optional[int]]:
+               shared_id: Callable[[Any], int]) -> Tuple[Optional[Payload], Optional[int]]:
     if payload is None:
         return None, None
     subject, data = payload
-    if isinstance(data, TurnData) or (isinstance(data, TrajectoryData) and subject is not Subject.TRAJECTORY):
-        return Payload(subject), None  # their trajectory's end carries them, complete
-    if not isinstance(data, TrajectoryData):
+    sent = getattr(data, "sent", None)
+    if sent is None:
         return payload, None
-    if started:
-        return Payload(subject, dataclasses.replace(data, turns=[], agent_metrics={}, decode=None, encode=None)), None
-    codec = codec_id(data.decode, data.encode) if data.decode is not None or data.encode is not None else None
-    sent = dataclasses.replace(data, turns=list(data.turns), agent_metrics=dict(data.agent_metrics),
-                               decode=None, encode=None)
-    return Payload(subject, sent), codec
+    data, shared = sent(not started)
+    return Payload(subject, data), shared_id(shared) if shared is not None else None
 
 
 def _context(context: SpanContext) -> ContextSnapshot:

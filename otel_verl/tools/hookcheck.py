@@ -426,7 +426,7 @@ def server_meta_keys() -> Tuple[str, ...]:
     ``meta[K]`` on the function's ``meta`` parameter, where ``K`` is a string, a constant
     (or a tuple of them a loop walks), in that function and in the functions of otel_verl
     it hands ``meta`` to."""
-    from otel_verl.exporters import trajectory_jsonl
+    from otel_verl.legacy import trajectory_jsonl
 
     keys: List[str] = []
     _keys_read(trajectory_jsonl._server_timings, None, keys, set())
@@ -529,7 +529,7 @@ class MetaKeys:
 def check_meta_keys(tree: SourceTree, keys: Optional[Sequence[str]] = None) -> MetaKeys:
     """Which keys the trajectory timings read (``keys``: :func:`server_meta_keys`) this
     sglang writes, and which timing fields stay null with only those."""
-    from otel_verl.exporters import trajectory_jsonl
+    from otel_verl.legacy import trajectory_jsonl
 
     keys = tuple(server_meta_keys() if keys is None else keys)
     literals, absent_modules = string_literals(tree)

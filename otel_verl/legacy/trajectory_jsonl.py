@@ -10,7 +10,7 @@ template-overhead quirk) is section 3 of ``docs/LEGACY_FORMATS.md``.
 and writing happen on the writer thread.
 
 Not written, like the seed: validation trajectories (``verl.validate``) and trajectories
-whose run raised. Without a tokenizer (``TrajectoryData.decode`` / ``encode`` is
+whose run raised. Without a tokenizer (``TrajectoryData.codec`` or its ``decode`` / ``encode``
 ``None``) the texts are null, and ``template_overhead_tokens`` counts 0 observation
 tokens (for tool turns it then includes the observation's tokens).
 """
@@ -30,7 +30,8 @@ from otel_verl import health, semconv as sc, server_timing as st, settings
 from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, output_pid,
                                         write_discovery_file)
 from otel_verl.ids import sample_index
-from otel_verl.payload import TrajectoryData, TurnData, completion_tokens, prompt_tokens, payload_of, token_list
+from otel_verl.legacy.records import TrajectoryData, TurnData, completion_tokens, prompt_tokens, token_list
+from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject
 from otel_verl.server_timing import number
 
@@ -141,7 +142,8 @@ def _first_prompt(turn: TurnData) -> Sequence[int]:
 def trajectory_line(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> str:
     """The JSONL line (without newline) for one finished trajectory, each text cut at
     ``max_text_chars``."""
-    texts = _Texts(data.decode, data.encode, max_text_chars)
+    decode, encode = data.codec if data.codec is not None else (None, None)
+    texts = _Texts(decode, encode, max_text_chars)
     turns = data.turns
     # The contract's "first turn's prompt": ToolAgentLoop extends one prompt list in place,
     # so cut it back to the length it had when turn 0 was sent.

@@ -1,56 +1,62 @@
-"""The decode and encode functions the trajectory JSONL gets for a rollout worker's tokenizer.
+"""The tokenizer the trajectory JSONL decodes a rollout worker's token ids with.
 
-The JSONL is written in the export process (:mod:`otel_verl.offload`), which receives
-these functions pickled. Pickling ``tokenizer.decode`` would send the whole Hugging Face
-tokenizer, and the export process would import ``transformers`` and ``torch`` to load
-it (about 0.5 GB and seconds of CPU per worker). For a stock fast tokenizer the work is
-done by its Rust backend (a ``tokenizers.Tokenizer``), so these functions send the
-backend alone. Any other tokenizer's own methods are used, and sent, as they are.
+The JSONL is written in the export process (:mod:`otel_verl.offload`), which receives the
+worker's :class:`TextCodec` pickled, once per tokenizer. Pickling ``tokenizer.decode``
+would send the whole Hugging Face tokenizer, and the export process would import
+``transformers`` and ``torch`` to load it (about 0.5 GB and seconds of CPU per worker);
+so would loading it again from the model's path. For a stock fast tokenizer the work is
+done by its Rust backend (a ``tokenizers.Tokenizer``), so the codec sends the backend
+alone. Any other tokenizer's own methods are used, and sent, as they are.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, NamedTuple, Optional
 
-DECODER_ATTR = "_otel_verl_text_decoder"
-ENCODER_ATTR = "_otel_verl_text_encoder"
-
-
-def text_decoder(tokenizer: Any) -> Optional[Callable[..., str]]:
-    """``decode(ids, skip_special_tokens=False) -> str``, equal to ``tokenizer.decode``
-    (``None`` without a tokenizer)."""
-    decoder = getattr(tokenizer, DECODER_ATTR, None)
-    if decoder is None and hasattr(tokenizer, "decode"):
-        backend = _stock_backend(tokenizer, "decode", "_decode")
-        # the backend does not clean up spaces: only where the tokenizer would not either
-        if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-            decoder = BackendDecode(backend, tokenizer.decode)
-        else:
-            decoder = tokenizer.decode
-        _remember(tokenizer, DECODER_ATTR, decoder)
-    return decoder
+CODEC_ATTR = "_otel_verl_text_codec"
 
 
-def text_encoder(tokenizer: Any) -> Optional[Callable[..., Any]]:
-    """``encode(text, add_special_tokens=False) -> ids``: ``tokenizer.encode``, sent to
-    the export process as the backend alone (see the module docs)."""
-    encoder = getattr(tokenizer, ENCODER_ATTR, None)
-    if encoder is None and hasattr(tokenizer, "encode"):
-        backend = _stock_backend(tokenizer, "encode", "_encode_plus")
-        if backend is not None:
-            encoder = BackendEncode(backend, bool(getattr(tokenizer, "split_special_tokens", False)), tokenizer.encode)
-        else:
-            encoder = tokenizer.encode
-        _remember(tokenizer, ENCODER_ATTR, encoder)
-    return encoder
+class TextCodec(NamedTuple):
+    """``decode(ids, skip_special_tokens=False) -> str`` and ``encode(text,
+    add_special_tokens=False) -> ids`` of one tokenizer (either may be ``None``)."""
+
+    decode: Optional[Callable[..., str]]
+    encode: Optional[Callable[..., Any]]
 
 
-def _remember(tokenizer: Any, attr: str, function: Any) -> None:
-    # One object per tokenizer, so the export process is sent each tokenizer's functions once.
-    try:
-        setattr(tokenizer, attr, function)
-    except Exception:  # a tokenizer that takes no attributes: chosen again next time
-        pass
+def text_codec(tokenizer: Any) -> Optional[TextCodec]:
+    """The codec of ``tokenizer`` (``None`` without one): its ``decode`` and ``encode``,
+    sent to the export process as the backend alone where they are transformers' own.
+    One object per tokenizer, so that the export process is sent each tokenizer once."""
+    if tokenizer is None:
+        return None
+    codec = getattr(tokenizer, CODEC_ATTR, None)
+    if codec is None:
+        codec = TextCodec(_decoder(tokenizer), _encoder(tokenizer))
+        try:
+            setattr(tokenizer, CODEC_ATTR, codec)
+        except Exception:  # a tokenizer that takes no attributes: made again next time
+            pass
+    return codec
+
+
+def _decoder(tokenizer: Any) -> Optional[Callable[..., str]]:
+    if not hasattr(tokenizer, "decode"):
+        return None
+    backend = _stock_backend(tokenizer, "decode", "_decode")
+    # the backend does not clean up spaces: only where the tokenizer would not either
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return BackendDecode(backend, tokenizer.decode)
+    return tokenizer.decode
+
+
+def _encoder(tokenizer: Any) -> Optional[Callable[..., Any]]:
+    if not hasattr(tokenizer, "encode"):
+        return None
+    backend = _stock_backend(tokenizer, "encode", "_encode_plus")
+    if backend is not None:
+        return BackendEncode(backend, bool(getattr(tokenizer, "split_special_tokens", False)), tokenizer.encode)
+    return tokenizer.encode
 
 
 def _stock_backend(tokenizer: Any, method: str, fast_method: str) -> Any:

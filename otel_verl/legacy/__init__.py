@@ -1,0 +1,53 @@
+"""The legacy outputs: the files an existing pipeline reads, byte for byte as the seed
+wrote them (``docs/LEGACY_FORMATS.md``).
+
+- :mod:`.sample_csv`, :mod:`.progress_log`, :mod:`.trajectory_jsonl`: one span processor
+  per file, over the shared background writer of :mod:`otel_verl.exporters._writer`;
+- :mod:`.records`: what they read of a rollout beyond the spans' attributes (a
+  trajectory's turns and token ids, a rollout's dispatch), hung on spans as their
+  payload's data;
+- :mod:`.tokenizer`: the tokenizer the trajectory JSONL decodes with.
+
+The events API fills the records through the names below, the one way into this layer;
+the configurator builds the outputs with :func:`processors`. Nothing else in otel_verl
+knows these formats: the wrappers, the wire format to the export process and the other
+outputs see spans and opaque payloads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, FrozenSet, List
+
+from otel_verl.legacy.records import RolloutData, TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
+from otel_verl.legacy.tokenizer import TextCodec, text_codec
+
+__all__ = ["RolloutData", "TrajectoryData", "TurnData", "kept_ids", "kept_prompt", "token_list", "TextCodec",
+           "text_codec", "processors", "start_subjects"]
+
+
+def processors(settings: Any) -> List[Any]:
+    """The legacy outputs of a process with ``settings``: the progress log (stdout, and
+    its files with a trace dir), and with a trace dir the CSV and the trajectory JSONL."""
+    from otel_verl.legacy.progress_log import ProgressLogProcessor
+
+    outputs: List[Any] = [ProgressLogProcessor(settings.trace_dir, max_pending_bytes=settings.max_queue_bytes)]
+    if settings.trace_dir:
+        from otel_verl.legacy.sample_csv import SampleCsvProcessor
+        from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
+
+        outputs.append(SampleCsvProcessor(settings.trace_dir, flow_stdout=settings.flow_stdout,
+                                          max_pending_bytes=settings.max_queue_bytes))
+        outputs.append(TrajectoryJsonlProcessor(settings.trace_dir, max_file_bytes=settings.jsonl_max_bytes,
+                                                max_pending_bytes=settings.max_queue_bytes,
+                                                max_text_chars=settings.jsonl_max_text_chars))
+    return outputs
+
+
+def start_subjects() -> FrozenSet[Any]:
+    """The payload subjects whose span starts a legacy output reads (the others read ends)."""
+    from otel_verl.legacy.progress_log import ProgressLogProcessor
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
+    from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
+
+    return frozenset().union(*(output.on_start_subjects for output in
+                               (ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor)))
