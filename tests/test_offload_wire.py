@@ -54,6 +54,11 @@ def _crossed(snapshot: wire.SpanSnapshot) -> wire.SpanSnapshot:
     return wire.read_frame(io.BytesIO(wire.frame(wire.Spans([snapshot])))).spans[0]
 
 
+def _payload(snapshot: wire.SpanSnapshot) -> Payload:
+    """The payload the export process rebuilds of a snapshot."""
+    return wire.Rebuilder(CONFIG).span(snapshot).payload
+
+
 def _public(span) -> dict:
     """Every public ReadableSpan property, in comparable form."""
     return {
@@ -103,17 +108,34 @@ def test_a_span_crosses_with_every_public_property_and_encodes_to_the_same_otlp(
 
 
 def test_a_snapshot_is_plain_named_fields():
+    """A snapshot's fields are plain values (enums and exact tuples, no named or SDK type
+    inside), so that a batch pickles without a Python call per span."""
+    import enum
+
+    def plain(value) -> bool:
+        if type(value) in (tuple, list):
+            return all(plain(item) for item in value)
+        if type(value) is dict:
+            return all(plain(key) and plain(item) for key, item in value.items())
+        return value is None or type(value) in (str, int, float, bool) or isinstance(value, enum.Enum)
+
     capture = Capture()
-    with _tracer(capture).start_as_current_span("s", attributes={"k": "v"}):
-        pass
+    remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                         trace_state=TraceState([("vendor", "v1")]))
+    with _tracer(capture).start_as_current_span("s", context=trace.set_span_in_context(NonRecordingSpan(remote)),
+                                                attributes={"k": "v", "n": (1, 2)},
+                                                links=[Link(remote, {"why": "test"})]) as span:
+        span.add_event("e", {"x": 1.5})
     sent = wire.snapshot(capture.ends[0][0], Payload(Subject.TOOL, ["t0", "t1"]), None)
     assert sent._fields == wire.SpanSnapshot._fields
-    assert (sent.name, sent.attributes, sent.kind, sent.status_code) == ("s", {"k": "v"}, SpanKind.INTERNAL,
-                                                                         StatusCode.UNSET)
-    assert sent.context == wire.ContextSnapshot(*sent.context) and sent.context.trace_state == ()
-    assert sent.scope == wire.ScopeSnapshot("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0",
-                                            (("scope.attr", "yes"),))
-    assert sent.payload == Payload(Subject.TOOL, ["t0", "t1"])  # other data goes as it is
+    assert all(plain(field) for field in sent[:-2]), sent
+    assert (sent.name, sent.attributes, sent.kind, sent.status_code) == ("s", {"k": "v", "n": (1, 2)},
+                                                                         SpanKind.INTERNAL, StatusCode.UNSET)
+    assert (sent.trace_id, sent.parent_id, sent.parent_remote, sent.trace_state) == (
+        0x1234, 0x5678, True, (("vendor", "v1"),))
+    assert sent.scope == ("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0",
+                          (("scope.attr", "yes"),))
+    assert sent.payload == (Subject.TOOL, ["t0", "t1"])  # other data goes as it is
 
 
 def _trajectory() -> TrajectoryData:
@@ -157,18 +179,18 @@ def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
 
     [(started, started_payload, attributes), (turn_started, turn_payload, _)] = capture.starts
     at_start = _crossed(wire.snapshot(started, started_payload, shared_id, attributes))
-    assert at_start.shared is None and at_start.payload.subject is Subject.TRAJECTORY
-    assert at_start.payload.data.turns == [] and at_start.payload.data.agent_metrics == {}
-    assert (at_start.payload.data.uid, at_start.payload.data.traj_uid, at_start.payload.data.agent_name) == (
-        "u", "0", "tool_agent")
+    subject, sent = _payload(at_start)
+    assert at_start.shared is None and subject is Subject.TRAJECTORY
+    assert sent.turns == [] and sent.agent_metrics == {}
+    assert (sent.uid, sent.traj_uid, sent.agent_name) == ("u", "0", "tool_agent")
     # a turn's data goes with its trajectory only
-    assert _crossed(wire.snapshot(turn_started, turn_payload, shared_id, {})).payload == Payload(Subject.LLM_CALL)
-    assert _crossed(wire.snapshot(*capture.ends[0], shared_id)).payload == Payload(Subject.LLM_CALL)
+    assert _payload(_crossed(wire.snapshot(turn_started, turn_payload, shared_id, {}))) == Payload(Subject.LLM_CALL)
+    assert _payload(_crossed(wire.snapshot(*capture.ends[0], shared_id))) == Payload(Subject.LLM_CALL)
     assert shared == []
 
     at_end = _crossed(wire.snapshot(*capture.ends[1], shared_id))
     assert shared == [data.codec] and at_end.shared == 7
-    sent = at_end.payload.data
+    sent = _payload(at_end).data
     assert sent.codec is None
     assert _fields(sent) == dict(_fields(data), codec=None)
     sent.received(data.codec)  # as the export process does

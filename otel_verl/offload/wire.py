@@ -28,11 +28,11 @@ Each end checks the other's :class:`Hello`: on a different :data:`VERSION` the e
 process exits without reading further, and the traced process counts every span it
 could not send as lost.
 
-A :class:`SpanSnapshot` holds what a span processor can read of a span through the public
-``ReadableSpan`` properties, and the span's :class:`~otel_verl.payload.Payload`. A start
-(``end_time`` None) is the span as it started: its name, ids, kind, start time, links,
-scope and the attributes it had then. The resource is the traced process's, sent once in
-:class:`Config`.
+A :class:`SpanSnapshot` is a span's :class:`~otel_verl.record.SpanRecord` (what every
+output reads) in plain tuples, with its :class:`~otel_verl.payload.Payload`; the export
+process rebuilds the record. A start (``end_time`` None) is the span as it started: its
+name, ids, kind, start time, links, scope and the attributes it had then. The resource is
+the traced process's, sent once in :class:`Config`.
 
 A payload goes as its data says (``sent``, see :mod:`otel_verl.payload`), else as it is;
 what that data names to be sent once (a tokenizer does not pickle cheaply) goes as a
@@ -43,19 +43,16 @@ what that data names to be sent once (a tokenizer does not pickle cheaply) goes 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pickle
 import struct
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceState
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+from opentelemetry.trace import SpanKind, StatusCode, TraceState
 
 from otel_verl.payload import Payload
-from otel_verl.record import EventRecord, LinkRecord, SpanRecord
+from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable, link_record
 
 VERSION = 4  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
@@ -131,51 +128,30 @@ class Flushed(NamedTuple):
     counts: Dict[str, Dict[str, int]]
 
 
-class ContextSnapshot(NamedTuple):
+class SpanSnapshot(NamedTuple):
+    """A span as it crosses: the fields of its :class:`~otel_verl.record.SpanRecord`, in
+    plain tuples where the record has named ones, so that a batch pickles in C."""
+
+    name: str
     trace_id: int
     span_id: int
-    is_remote: bool
     trace_flags: int
     trace_state: Tuple[Tuple[str, str], ...]
-
-
-class EventSnapshot(NamedTuple):
-    name: str
-    timestamp: int
-    attributes: Dict[str, Any]
-    dropped_attributes: int
-
-
-class LinkSnapshot(NamedTuple):
-    context: ContextSnapshot
-    attributes: Dict[str, Any]
-    dropped_attributes: int
-
-
-class ScopeSnapshot(NamedTuple):
-    name: str
-    version: Optional[str]
-    schema_url: str
-    attributes: Tuple[Tuple[str, Any], ...]
-
-
-class SpanSnapshot(NamedTuple):
-    name: str
-    context: ContextSnapshot
-    parent: Optional[ContextSnapshot]
+    parent_id: int  # 0: a root
+    parent_remote: bool
     kind: SpanKind
     start_time: int
     end_time: Optional[int]  # None: the span's start
     attributes: Dict[str, Any]
-    events: Tuple[EventSnapshot, ...]
-    links: Tuple[LinkSnapshot, ...]
+    events: Tuple[tuple, ...]  # EventRecord fields
+    links: Tuple[tuple, ...]  # LinkRecord fields, the trace state as pairs
     status_code: StatusCode
-    status_description: Optional[str]
-    scope: Optional[ScopeSnapshot]
+    status_message: Optional[str]
     dropped_attributes: int
     dropped_events: int
     dropped_links: int
-    payload: Optional[Payload]
+    scope: Optional[Tuple[str, Optional[str], str, Tuple[Tuple[str, Any], ...]]]  # name, version, schema, attributes
+    payload: Optional[Tuple[Any, Any]]  # (subject, data)
     shared: Optional[int]  # what its payload names (see Shared)
 
 
@@ -184,35 +160,12 @@ class Spans(NamedTuple):
     queued: int = 0  # span ends the traced process had queued when it sent these
 
     def __reduce__(self) -> Any:
-        # pickle reduces every NamedTuple through a Python call (several per span, most
-        # of a rollout worker's sending); plain tuples pickle in C, so a batch goes as them
-        return _spans_from_tuples, ([_as_tuples(snapshot) for snapshot in self.spans], self.queued)
-
-
-def _as_tuples(s: SpanSnapshot) -> tuple:
-    return (s.name, tuple(s.context), tuple(s.parent) if s.parent is not None else None, s.kind, s.start_time,
-            s.end_time, s.attributes, tuple(tuple(event) for event in s.events),
-            tuple((tuple(link.context), link.attributes, link.dropped_attributes) for link in s.links),
-            s.status_code, s.status_description, tuple(s.scope) if s.scope is not None else None,
-            s.dropped_attributes, s.dropped_events, s.dropped_links,
-            tuple(s.payload) if s.payload is not None else None, s.shared)
+        # pickle reduces every NamedTuple through a Python call; plain tuples pickle in C
+        return _spans_from_tuples, (list(map(tuple, self.spans)), self.queued)
 
 
 def _spans_from_tuples(spans: List[tuple], queued: int) -> Spans:
-    return Spans([_snapshot_from_tuples(*fields) for fields in spans], queued)
-
-
-def _snapshot_from_tuples(name: str, context: tuple, parent: Optional[tuple], kind: SpanKind, start_time: int,
-                          end_time: Optional[int], attributes: Dict[str, Any], events: tuple, links: tuple,
-                          status_code: StatusCode, status_description: Optional[str], scope: Optional[tuple],
-                          dropped_attributes: int, dropped_events: int, dropped_links: int,
-                          payload: Optional[tuple], shared: Optional[int]) -> SpanSnapshot:
-    return SpanSnapshot(
-        name, ContextSnapshot(*context), ContextSnapshot(*parent) if parent is not None else None, kind, start_time,
-        end_time, attributes, tuple(EventSnapshot(*event) for event in events),
-        tuple(LinkSnapshot(ContextSnapshot(*link[0]), link[1], link[2]) for link in links),
-        status_code, status_description, ScopeSnapshot(*scope) if scope is not None else None,
-        dropped_attributes, dropped_events, dropped_links, Payload(*payload) if payload is not None else None, shared)
+    return Spans(list(map(SpanSnapshot._make, spans)), queued)
 
 
 # --------------------------------------------------------------------------- frames
@@ -268,46 +221,54 @@ def dumps_shared(shared: Any) -> bytes:
 # --------------------------------------------------------------------------- snapshots (traced process)
 
 
-def snapshot(span: ReadableSpan, payload: Optional[Payload], shared_id: Callable[[Any], int],
+def snapshot(span: Any, payload: Optional[Payload], shared_id: Callable[[Any], int],
              start_attributes: Optional[Dict[str, Any]] = None) -> SpanSnapshot:
-    """``span`` as a snapshot: its end, or with ``start_attributes`` (its attributes when
-    it started) its start. ``shared_id`` names what the payload's data sends once."""
-    started = start_attributes is not None
-    data, shared = _sent_data(payload, started, shared_id)
-    scope = span.instrumentation_scope
-    if started:
-        attributes, events, status = start_attributes, (), Status(StatusCode.UNSET)
-        end_time, dropped_events = None, 0
-    else:
-        attributes, status, end_time = copied(span.attributes), span.status, span.end_time
-        events = tuple(EventSnapshot(e.name, e.timestamp, copied(e.attributes), e.dropped_attributes)
-                       for e in span.events)
-        dropped_events = span.dropped_events
-    return SpanSnapshot(
-        name=span.name,
-        context=_context(span.context),
-        parent=_context(span.parent) if span.parent is not None else None,
-        kind=span.kind,
-        start_time=span.start_time,
-        end_time=end_time,
-        attributes=attributes,
-        events=events,
-        links=tuple(LinkSnapshot(_context(link.context), copied(link.attributes), link.dropped_attributes)
-                    for link in span.links),
-        status_code=status.status_code,
-        status_description=status.description,
-        scope=_scope(scope) if scope is not None else None,
-        dropped_attributes=span.dropped_attributes,
-        dropped_events=dropped_events,
-        dropped_links=span.dropped_links,
-        payload=data,
-        shared=shared,
+    """``span`` as a snapshot: its end (a :class:`~otel_verl.record.SpanRecord`, or the
+    SDK's ``ReadableSpan`` of another tracer), or with ``start_attributes`` (its
+    attributes when it started) its start. ``shared_id`` names what the payload's data
+    sends once."""
+    if start_attributes is not None:
+        span = _started(span, start_attributes)
+    elif type(span) is not SpanRecord:
+        span = from_readable(span)
+    sent, shared = _sent_data(payload, span.end_time is None, shared_id)
+    state = span.trace_state
+    return _new_snapshot(SpanSnapshot, (
+        span.name, span.trace_id, span.span_id, int(span.trace_flags), tuple(state.items()) if state else (),
+        span.parent_id, span.parent_remote, span.kind, span.start_time, span.end_time, span.attributes,
+        tuple(map(tuple, span.events)) if span.events else (),
+        tuple(map(_link_fields, span.links)) if span.links else (),
+        span.status_code, span.status_message, span.dropped_attributes, span.dropped_events, span.dropped_links,
+        _scope(span.scope) if span.scope is not None else None, sent, shared,
+    ))
+
+
+_new_snapshot = tuple.__new__  # a NamedTuple without its Python __new__
+
+
+def _started(span: Any, attributes: Dict[str, Any]) -> SpanRecord:
+    """The record of a span as it started (a live span: its name, ids, kind, start, links
+    and scope; ``attributes`` as they were then)."""
+    context, parent = span.context, span.parent
+    return SpanRecord(
+        span.name, context.trace_id, context.span_id, int(context.trace_flags), context.trace_state or None,
+        parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, span.kind,
+        span.start_time, None, attributes, (), tuple(map(link_record, span.links)) if span.links else (),
+        dropped_attributes=span.dropped_attributes, dropped_links=span.dropped_links,
+        scope=span.instrumentation_scope,
     )
 
 
+def _link_fields(link: LinkRecord) -> tuple:
+    state = link.trace_state
+    return (link.trace_id, link.span_id, link.trace_flags, tuple(state.items()) if state else (), link.is_remote,
+            link.attributes, link.dropped_attributes)
+
+
 def copied(attributes: Any) -> Dict[str, Any]:
-    """Span, event or link attributes as a dict of their own. The SDK's read-only view
-    copies its dict in one call (``dict(view)`` reads it key by key, in Python)."""
+    """Span attributes as a dict of their own (a start's, which the live span changes
+    later). The SDK's read-only view copies its dict in one call (``dict(view)`` reads it
+    key by key, in Python)."""
     if not attributes:
         return {}
     try:
@@ -317,28 +278,27 @@ def copied(attributes: Any) -> Dict[str, Any]:
 
 
 def _sent_data(payload: Optional[Payload], started: bool,
-               shared_id: Callable[[Any], int]) -> Tuple[Optional[Payload], Optional[int]]:
+               shared_id: Callable[[Any], int]) -> Tuple[Optional[tuple], Optional[int]]:
     if payload is None:
         return None, None
     subject, data = payload
     sent = getattr(data, "sent", None)
     if sent is None:
-        return payload, None
+        return (subject, data), None
     data, shared = sent(not started)
-    return Payload(subject, data), shared_id(shared) if shared is not None else None
+    return (subject, data), shared_id(shared) if shared is not None else None
 
 
-def _context(context: SpanContext) -> ContextSnapshot:
-    state = context.trace_state
-    return ContextSnapshot(context.trace_id, context.span_id, context.is_remote, int(context.trace_flags),
-                           () if state is DEFAULT_TRACE_STATE or not state else tuple(state.items()))
+_scopes: Dict[int, Tuple[Any, tuple]] = {}  # id(scope) -> (scope, its fields): a process has a handful
 
 
-@functools.lru_cache(maxsize=64)  # spans share a handful of scopes
-def _scope(scope: InstrumentationScope) -> ScopeSnapshot:
-    attributes = scope.attributes
-    return ScopeSnapshot(scope.name, scope.version, scope.schema_url or "",
-                         tuple(attributes.items()) if attributes else ())
+def _scope(scope: InstrumentationScope) -> tuple:
+    known = _scopes.get(id(scope))
+    if known is None or known[0] is not scope:
+        attributes = scope.attributes
+        fields = (scope.name, scope.version, scope.schema_url or "", tuple(attributes.items()) if attributes else ())
+        known = _scopes[id(scope)] = (scope, fields)  # the scope kept: its id is not reused
+    return known[1]
 
 
 # --------------------------------------------------------------------------- spans again (export process)
@@ -350,32 +310,28 @@ class Rebuilder:
 
     def __init__(self, config: HostConfig) -> None:
         self.resource = Resource(config.resource_attributes, config.resource_schema_url)
-        self._scopes: Dict[ScopeSnapshot, InstrumentationScope] = {}
+        self._scopes: Dict[tuple, InstrumentationScope] = {}
 
-    def span(self, snapshot: SpanSnapshot) -> SpanRecord:
-        context, parent = snapshot.context, snapshot.parent
+    def span(self, s: SpanSnapshot) -> SpanRecord:
+        payload = s.payload
         return SpanRecord(
-            snapshot.name, context.trace_id, context.span_id, context.trace_flags, _trace_state(context),
-            parent.span_id if parent is not None else 0, parent is not None and parent.is_remote, snapshot.kind,
-            snapshot.start_time, snapshot.end_time, snapshot.attributes,
-            tuple(EventRecord(e.name, e.timestamp, e.attributes, e.dropped_attributes) for e in snapshot.events),
-            tuple(LinkRecord(link.context.trace_id, link.context.span_id, link.context.trace_flags,
-                             _trace_state(link.context), link.context.is_remote, link.attributes,
-                             link.dropped_attributes) for link in snapshot.links),
-            snapshot.status_code, snapshot.status_description, snapshot.dropped_attributes, snapshot.dropped_events,
-            snapshot.dropped_links, self.resource,
-            self._scope(snapshot.scope) if snapshot.scope is not None else None, snapshot.payload,
+            s.name, s.trace_id, s.span_id, s.trace_flags, _trace_state(s.trace_state), s.parent_id, s.parent_remote,
+            s.kind, s.start_time, s.end_time, s.attributes,
+            tuple(EventRecord(*event) for event in s.events) if s.events else (),
+            tuple(LinkRecord(trace_id, span_id, flags, _trace_state(state), remote, attributes, dropped)
+                  for trace_id, span_id, flags, state, remote, attributes, dropped in s.links) if s.links else (),
+            s.status_code, s.status_message, s.dropped_attributes, s.dropped_events, s.dropped_links, self.resource,
+            self._scope(s.scope) if s.scope is not None else None,
+            Payload(*payload) if payload is not None else None,
         )
 
-    def _scope(self, scope: ScopeSnapshot) -> InstrumentationScope:
+    def _scope(self, scope: tuple) -> InstrumentationScope:
         made = self._scopes.get(scope)
         if made is None:
-            made = self._scopes[scope] = InstrumentationScope(scope.name, scope.version, scope.schema_url,
-                                                              dict(scope.attributes) or None)
+            name, version, schema_url, attributes = scope
+            made = self._scopes[scope] = InstrumentationScope(name, version, schema_url, dict(attributes) or None)
         return made
 
 
-def _trace_state(context: ContextSnapshot) -> Optional[TraceState]:
-    return TraceState(list(context.trace_state)) if context.trace_state else None
-
-
+def _trace_state(pairs: Tuple[Tuple[str, str], ...]) -> Optional[TraceState]:
+    return TraceState(list(pairs)) if pairs else None
