@@ -268,6 +268,7 @@ def run(
                               "expected_spans": expected_spans(prompts, n)}
     env = _clean_env()
     env["OTEL_VERL_ENABLED"] = "1"
+    env["OTEL_VERL_OFFLOAD"] = "0"  # the exporter in this process, where its CPU is timed
     if baseline:
         report["baseline"] = run_child(prompts, n, {**env, "OTEL_VERL_RUN_ID": f"bench-baseline-{uuid.uuid4().hex[:8]}"})
     col = ob.start_otelcol(ob.CONFIG_DIR / "otelcol-file.yaml", Path(workdir),

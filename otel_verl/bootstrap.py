@@ -304,7 +304,7 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     share = max(0.1 * timeout_s, min(timeout_s * EXPORT_PROCESS_SHARE, timeout_s - EXPORT_PROCESS_MARGIN_S))
     host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=share)
     config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
-    # past its restart limit, the worker writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
+    # past its restart limit, the process writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
     return OffloadSpanProcessor(config, max_pending_bytes=cfg.max_queue_bytes, start_subjects=output_start_subjects(),
                                 in_process_outputs=lambda: output_processors(cfg, config.resource_attributes),
                                 shutdown_timeout_s=cfg.shutdown_timeout_s)

@@ -42,7 +42,7 @@ JSONL_MAX_TEXT_CHARS = "OTEL_VERL_JSONL_MAX_TEXT_CHARS"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
 OTLP_EXPORTER = "OTEL_VERL_OTLP_EXPORTER"  # otel_verl (its own encoders, the default) or sdk (the SDK's exporters)
 OTLP_EXPORTERS = ("otel_verl", "sdk")
-OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers
+OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers and the trainer
 SHUTDOWN_TIMEOUT_S = "OTEL_VERL_SHUTDOWN_TIMEOUT_S"  # seconds a flush or shutdown may take, all outputs together
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -158,6 +158,9 @@ def _positive(env: Mapping[str, str], name: str, default: Any, parse: Any, expec
     return value
 
 
+_OFFLOADING_ROLES = frozenset({Role.AGENT_LOOP_WORKER.value, Role.TRAINER.value})  # see Settings.offloads
+
+
 @dataclass(frozen=True)
 class Settings:
     trace_dir: Optional[str]
@@ -178,15 +181,17 @@ class Settings:
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
-        (:mod:`otel_verl.offload`): a rollout worker's event loop runs every agent loop
-        of the worker, and the outputs' formatting, encoding and sending take that
-        loop's CPU (and GIL) per trajectory, so rollout workers offload by default.
-        Elsewhere the spans come in per step or per batch and the extra process (its
-        start-up, its memory) is not worth it. ``OTEL_VERL_OFFLOAD`` set wins for
-        every role."""
+        (:mod:`otel_verl.offload`). By default the two whose outputs cost per sample:
+        a rollout worker, whose event loop runs every agent loop of the worker (the
+        outputs' formatting, encoding and sending would take that loop's CPU and GIL
+        per trajectory), and the trainer, whose training loop would share the GIL with
+        the writing of a batch stage's row per trajectory (its process then spends less
+        than half the CPU a step on tracing: ``docs/PERFORMANCE.md``).
+        Elsewhere the spans are few and the extra process (its start-up, its memory) is
+        not worth it. ``OTEL_VERL_OFFLOAD`` set wins for every role."""
         if self.offload is not None:
             return self.offload
-        return role == Role.AGENT_LOOP_WORKER.value
+        return role in _OFFLOADING_ROLES
 
     @property
     def enabled(self) -> bool:
@@ -264,7 +269,7 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         jsonl_max_text_chars=optional(_positive_int, JSONL_MAX_TEXT_CHARS, DEFAULT_JSONL_MAX_TEXT_CHARS),
         otlp_file=optional(_tristate, OTLP_FILE, None, shown="on when no endpoint is set"),
         sdk_disabled=_flag(env, SDK_DISABLED, False),
-        offload=optional(_tristate, OFFLOAD, None, shown="rollout workers only"),
+        offload=optional(_tristate, OFFLOAD, None, shown="rollout workers and the trainer"),
         shutdown_timeout_s=optional(_positive_seconds, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
         otlp_exporter=optional(_otlp_exporter, OTLP_EXPORTER, "otel_verl"),
     )

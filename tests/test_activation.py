@@ -128,12 +128,12 @@ def test_shutdown_timeout_is_positive_seconds():
             settings.load({"OTEL_VERL_SHUTDOWN_TIMEOUT_S": bad}, strict=True)
 
 
-def test_rollout_workers_offload_their_outputs_by_default():
+def test_rollout_workers_and_the_trainer_offload_their_outputs_by_default():
     from otel_verl.semconv import Role
 
     default = settings.load({})
-    assert default.offloads(Role.AGENT_LOOP_WORKER.value)
-    assert not any(default.offloads(role.value) for role in Role if role is not Role.AGENT_LOOP_WORKER)
+    assert default.offloads(Role.AGENT_LOOP_WORKER.value) and default.offloads(Role.TRAINER.value)
+    assert not any(default.offloads(role.value) for role in Role if role not in (Role.AGENT_LOOP_WORKER, Role.TRAINER))
     assert all(settings.load({"OTEL_VERL_OFFLOAD": "1"}).offloads(role.value) for role in Role)
     assert not any(settings.load({"OTEL_VERL_OFFLOAD": "0"}).offloads(role.value) for role in Role)
     with pytest.raises(settings.ConfigError, match="OTEL_VERL_OFFLOAD='sometimes'"):

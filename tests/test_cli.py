@@ -586,7 +586,7 @@ def test_doctor_quick_check_passes_with_a_trace_dir(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == "doctor: no problems"
     assert f"{tmp_path}: writable" in result.stdout
-    assert "export process ok outputs written by an export process in: agent_loop_worker" in " ".join(result.stdout.split())
+    assert "export process ok outputs written by an export process in: trainer, agent_loop_worker" in " ".join(result.stdout.split())
     result = _doctor({"VERL_TRACE_DIR": str(tmp_path), "OTEL_VERL_OFFLOAD": "0"})
     assert "none: every process writes its own outputs" in " ".join(result.stdout.split())
     # nothing configured: tracing would be off, a warning with its fix, not a failure

@@ -784,8 +784,9 @@ print(json.dumps(out))
     ({"OTEL_VERL_MAX_QUEUE_MB": "8"}, [8 << 20, 1 << 20, 512]),
 ])
 def test_otel_verl_default_span_queue(env, expected, tmp_path):
+    # the trainer's outputs in its own process (OTEL_VERL_OFFLOAD=0), where the probe sees them
     probe_env = _child_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_VERL_OTLP_FILE="1",
-                           VERL_TRACE_DIR=str(tmp_path), **env)
+                           VERL_TRACE_DIR=str(tmp_path), OTEL_VERL_OFFLOAD="0", **env)
     out = subprocess.run([PYTHON, "-c", BSP_PROBE], env=probe_env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -42,7 +42,7 @@ TRAINER = """
     import otel_verl
     from otel_verl import events, health
 
-    assert otel_verl.configure(role="trainer")  # writes its outputs itself
+    assert otel_verl.configure(role="trainer")  # its export process writes its outputs
     with events.step(7, trainer="RayPPOTrainer"):
         with events.step_stage("update_actor"):
             pass

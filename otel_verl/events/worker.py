@@ -11,8 +11,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
-from otel_verl.legacy import TextCodec, TrajectoryData, TurnData, kept_ids, kept_prompt, text_codec, token_list
 from otel_verl.ids import id_str
+from otel_verl.legacy import TextCodec, TrajectoryData, TurnData, kept_ids, kept_prompt, text_codec, token_list
 from otel_verl.semconv import Subject
 from otel_verl.events import _core
 from otel_verl.events._core import (
