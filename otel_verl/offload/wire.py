@@ -290,11 +290,14 @@ def _sent_data(payload: Optional[Payload], started: bool,
 
 
 _scopes: Dict[int, Tuple[Any, tuple]] = {}  # id(scope) -> (scope, its fields): a process has a handful
+MAX_SCOPES = 64
 
 
 def _scope(scope: InstrumentationScope) -> tuple:
     known = _scopes.get(id(scope))
     if known is None or known[0] is not scope:
+        if len(_scopes) >= MAX_SCOPES:  # a library that makes a tracer per call
+            _scopes.clear()
         attributes = scope.attributes
         fields = (scope.name, scope.version, scope.schema_url or "", tuple(attributes.items()) if attributes else ())
         known = _scopes[id(scope)] = (scope, fields)  # the scope kept: its id is not reused
