@@ -7,10 +7,10 @@ keeps ``{trace_dir}/losses/losses-{host}-pid{pid}.json`` current: rewritten (a n
 renamed over the old one, so a reader never sees half of it) at most every
 ``interval_s`` while the counters change, and a last time when the outputs shut down,
 after every other output counted its losses (``finish_order``); a flush writes it after
-the other outputs' flushes too, so that it says what they still hold after them. In a
-rollout worker's export process the file is the worker's (its pid), with the worker's own
+the other outputs' flushes too, so that it says what they still hold after them. In an
+export process the file is the served process's (its pid), with that process's own
 counters as of its last message and what the export process counted, so it survives the
-worker.
+served process.
 ``otel-verl report`` sums the files of a run.
 
 A file holds ``{"pid", "host", "resource", "final", "time_unix_nano", "dropped",
