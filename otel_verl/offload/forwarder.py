@@ -51,7 +51,7 @@ logger = logging.getLogger("otel_verl")
 
 OUTPUT = wire.OFFLOAD_OUTPUT
 STARTED, ENDED, FLUSH = "started", "ended", "flush"  # what a queue entry is
-MAX_SHARED = 16  # shared objects both ends keep (an agent loop may make a tokenizer per trajectory)
+MAX_SHARED = 16  # shared objects both ends keep (an agent loop may hand over a decode function per trajectory)
 CHECKPOINT_INTERVAL_S = 1.0  # how often what was sent is acknowledged (a death may count a span written since)
 MAX_RESTARTS_PER_MINUTE = 3
 SHUTDOWN_TIMEOUT_S = 60.0  # the export process's outputs get this long to finish at shutdown
