@@ -49,7 +49,9 @@ the trainer part (the step minus the worker / server windows) and the worker par
 export threads' work lands in the window that caused it). Tracing CPU = variant minus
 ``off``. Per single-turn trajectory = worker tracing CPU / trajectories in A; per extra
 LLM turn = (per trajectory in B - per trajectory in A) / 3 (each extra turn has its tool
-call and observation). Drops: ``otel_verl.health`` counters (every output) for otel_verl;
+call and observation). The cyclic GC's share: ``gc.callbacks`` time each collection's
+thread CPU in the step (what the objects tracing keeps alive cost beyond making them).
+Drops: ``otel_verl.health`` counters (every output) for otel_verl;
 the seed's rows refused by its full queue. Also: 20 sustained steps of scenario A with
 legacy+otlp (0 drops), RSS growth over 100 steps of a small scenario, and the
 installed-but-disabled cost per wrapped call (wrapped stand-in with tracing off minus the
@@ -420,6 +422,32 @@ def thread_cpu() -> Dict[str, float]:
     except OSError:
         pass
     return out
+
+
+class GcClock:
+    """Thread CPU the cyclic GC spends, by generation, while ``counting``: what the
+    step's live objects cost beyond making them."""
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.seconds = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: Dict[str, int]) -> None:
+        if not self.counting:
+            return
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            self.seconds[info["generation"]] += time.thread_time() - self._start
+            self.runs[info["generation"]] += 1
+
+    def take(self) -> Dict[str, Any]:
+        taken = {"seconds": [round(s, 4) for s in self.seconds], "runs": list(self.runs)}
+        self.seconds, self.runs = [0.0, 0.0, 0.0], [0, 0, 0]
+        return taken
 
 
 def export_cpu() -> float:
@@ -903,6 +931,7 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
     rss: List[float] = []
     total_steps = args.warmup + args.steps
     threads0: Dict[str, float] = {}
+    gc_clock = GcClock()
     try:
         for step in range(1, total_steps + 1):
             if step == args.warmup + 1:
@@ -910,15 +939,18 @@ def child(args: argparse.Namespace) -> Dict[str, Any]:
             gc.collect()
             probe.reset()
             p0, t0, w0, e0 = time.process_time(), time.thread_time(), time.perf_counter(), export_cpu()
+            gc_clock.counting = True
             run_step(trainer, manager, n_prompts, n, step, loop)
             flush()
+            gc_clock.counting = False
+            collections = gc_clock.take()
             p1, t1, w1, e1 = time.process_time(), time.thread_time(), time.perf_counter(), export_cpu()
             rss.append(rss_mb())
             if step > args.warmup:
                 steps.append({"cpu": p1 - p0, "main": t1 - t0, "wall": w1 - w0, "worker": probe.worker_cpu,
                               "worker_main": probe.worker_main, "server": probe.server_cpu,
                               "export": e1 - e0, "worker_export": probe.worker_export,
-                              "trainer": (p1 - p0) - probe.worker_cpu - probe.server_cpu})
+                              "trainer": (p1 - p0) - probe.worker_cpu - probe.server_cpu, "gc": collections})
         threads1 = thread_cpu()
         disabled = measure_disabled(trainer, workers[0], args.disabled_calls) if variant in ("off", "disabled") else None
     finally:
@@ -1053,6 +1085,11 @@ def per_step(result: Dict[str, Any], key: str) -> float:
     return med([s[key] for s in result["steps"]])
 
 
+def gc_per_step(result: Dict[str, Any]) -> float:
+    """The traced process's cyclic-GC CPU in the step, every generation."""
+    return med([sum(s["gc"]["seconds"]) for s in result["steps"]])
+
+
 def analyse(results: Dict[str, Dict[str, Dict[str, Any]]], extra: Dict[str, Any]) -> Dict[str, Any]:
     """Tracing CPU per step = variant - off, per window."""
     out: Dict[str, Any] = {"scenarios": {}}
@@ -1072,6 +1109,7 @@ def analyse(results: Dict[str, Dict[str, Dict[str, Any]]], extra: Dict[str, Any]
                              "worker_main_s": worker_main, "per_traj_us": worker / trajs * 1e6,
                              "per_traj_loop_us": worker_main / trajs * 1e6, "export_s": export,
                              "worker_export_s": worker_export, "per_traj_export_us": worker_export / trajs * 1e6,
+                             "gc_s": gc_per_step(r) - gc_per_step(off),
                              "wall_s": per_step(r, "wall"), "threads": r["threads"], "health": r["health"],
                              "outputs": r["outputs"], "seed_dropped": r.get("seed_dropped"),
                              "seed_rows_offered": r.get("seed_rows_offered")}
@@ -1114,10 +1152,11 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
         f"median. Tracing CPU = the variant's process CPU (all threads) minus the same step with nothing installed "
         f"({A['off_cpu_s']:.2f} s at A, {B['off_cpu_s']:.2f} s at B), plus its export process's CPU (offload: "
         f"the outputs written by an export process, as rollout workers and the trainer run by default; the trainer, worker and "
-        f"server columns are the traced process alone).", "",
+        f"server columns are the traced process alone; the cyclic GC's, a part of the tracing CPU, is its collections' "
+        f"thread CPU in the step, less the same with nothing installed).", "",
         "### Per step, by variant", "",
-        "| scenario | variant | tracing CPU / step | trainer | rollout worker | LLM server | per trajectory (worker) | of it on the event loop | export process: per trajectory (worker windows) | rows dropped | wall / step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | variant | tracing CPU / step | trainer | rollout worker | LLM server | per trajectory (worker) | of it on the event loop | export process: per trajectory (worker windows) | cyclic GC in the traced process | rows dropped | wall / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, sc_ in (("A", A), ("B", B)):
         for variant in VARIANTS[1:]:
@@ -1126,7 +1165,7 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
             dropped_s = f"{dropped} of {r['seed_rows_offered']} (silent)" if variant == "seed" else f"{dropped}"
             lines.append(f"| {name} | {variant} | {r['total_s']:.3f} s | {r['trainer_s'] * 1e3:.0f} ms | {r['worker_s']:.3f} s | "
                          f"{r['server_s'] * 1e3:.0f} ms | {r['per_traj_us']:.0f} us | {r['per_traj_loop_us']:.0f} us | "
-                         f"{_us_or_blank(r['per_traj_export_us'])} | {dropped_s} | {r['wall_s']:.2f} s |")
+                         f"{_us_or_blank(r['per_traj_export_us'])} | {r['gc_s'] * 1e3:.0f} ms | {dropped_s} | {r['wall_s']:.2f} s |")
     seed_a, seed_b = av["seed"], bv["seed"]
     off_a = av["legacy+otlp offload"]
     ratio_a = full["total_s"] / max(seed_a["total_s"], 1e-9)

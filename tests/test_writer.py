@@ -29,14 +29,15 @@ def test_a_poisoned_line_among_good_ones_is_written_repaired_and_counted(tmp_pat
 
 
 def test_a_line_that_cannot_be_written_is_counted_and_the_thread_goes_on(tmp_path):
-    writer = BackgroundWriter("test_output", linger_s=0.0)
+    def render(job):
+        if job == "unrenderable":
+            raise RuntimeError("render failed")
+        return job
+
+    writer = BackgroundWriter("test_output", linger_s=0.0, render=render)
     assert writer.write(str(tmp_path / "a.txt"), "before\n", 1)
     assert writer.flush(5)
-
-    def raising():
-        raise RuntimeError("render failed")
-
-    assert writer.submit(raising, 2, 20)
+    assert writer.submit("unrenderable", 2, 20)
     assert writer.write(str(tmp_path / "a.txt"), "after\n", 1)
     assert writer.flush(5)
     writer.close()

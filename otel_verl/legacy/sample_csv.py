@@ -11,13 +11,11 @@ the training loop (a batch stage is 16k rows at 1024 prompts x 16).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -37,9 +35,11 @@ V1_TRAINER = "PPOTrainerV1"
 COMPLETE_STAGES = frozenset({"TRAIN_UPDATE", "FILTER_TRAJECTORIES"})
 
 
-@dataclass
-class Rows:
-    """The rows of one event: one per trajectory in ``trajs``, all other cells shared."""
+class Rows(NamedTuple):
+    """The rows of one event: one per trajectory in ``trajs``, all other cells shared.
+
+    A tuple of strings and numbers: queued for the writer, it is no object the cyclic GC
+    keeps visiting (see :mod:`otel_verl.exporters._writer`)."""
 
     uid: str
     trajs: Sequence[Any]  # may be the caller's list: it is only read, on the writer thread
@@ -330,7 +330,7 @@ class SampleCsvProcessor(WriterProcessor):
         discovery_path: Optional[str] = DISCOVERY_PATH,
     ) -> None:
         self.directory = os.path.join(trace_dir, "sample")
-        self.writer = BackgroundWriter("sample_csv", max_pending_bytes)
+        self.writer = BackgroundWriter("sample_csv", max_pending_bytes, render=self._render)
         self._job_id = os.environ.get(JOB_ID_ENV, NO_JOB_ID)
         self._hostname = socket.gethostname()
         self._flow_stdout = flow_stdout
@@ -379,15 +379,15 @@ class SampleCsvProcessor(WriterProcessor):
     def _write(self, groups: List[Rows]) -> None:
         n_rows = sum(len(rows.trajs) for rows in groups)
         if n_rows:
-            self.writer.submit(functools.partial(self._render, groups), n_rows, n_rows * ROW_BYTES)
+            self.writer.submit(tuple(groups), n_rows, n_rows * ROW_BYTES)
 
-    def _render(self, groups: List[Rows]) -> Tuple[str, str]:
+    def _render(self, groups: Sequence[Rows]) -> Tuple[str, str]:
         # on the writer thread
         if self._flow_stdout:
             self._print_flow_trace(groups)
         return self.path, render_rows(self._job_id, groups)
 
-    def _print_flow_trace(self, groups: List[Rows]) -> None:
+    def _print_flow_trace(self, groups: Sequence[Rows]) -> None:
         lines = [line for rows in groups for line in rows.flow_trace_lines()]
         try:
             out = self._stdout if self._stdout is not None else sys.stdout

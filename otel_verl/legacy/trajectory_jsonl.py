@@ -17,7 +17,6 @@ tokens (for tool turns it then includes the observation's tokens).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -61,7 +60,7 @@ class TrajectoryJsonlProcessor(WriterProcessor):
         max_text_chars: int = MAX_TEXT_CHARS,
     ) -> None:
         self.directory = os.path.join(trace_dir, "trajectory")
-        self.writer = BackgroundWriter(_OUTPUT, max_pending_bytes)
+        self.writer = BackgroundWriter(_OUTPUT, max_pending_bytes, render=self._render)
         self.max_text_chars = max_text_chars
         self._files = _TrajectoryFiles(self.directory, max_file_bytes, discovery_path, clock)
 
@@ -74,7 +73,7 @@ class TrajectoryJsonlProcessor(WriterProcessor):
                 return
             # The data is complete once its span ended; nothing changes it afterwards.
             data = payload.data
-            self.writer.submit(functools.partial(self._render, data), 1, line_bytes(data, self.max_text_chars))
+            self.writer.submit(data, 1, line_bytes(data, self.max_text_chars))
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
