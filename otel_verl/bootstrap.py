@@ -306,6 +306,7 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
     # past its restart limit, the process writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
     return OffloadSpanProcessor(config, max_pending_bytes=cfg.max_queue_bytes, start_subjects=output_start_subjects(),
+                                end_subjects=output_end_subjects(cfg),
                                 in_process_outputs=lambda: output_processors(cfg, config.resource_attributes),
                                 shutdown_timeout_s=cfg.shutdown_timeout_s)
 
@@ -316,6 +317,26 @@ def output_start_subjects() -> FrozenSet[Any]:
     from otel_verl import legacy
 
     return legacy.start_subjects()
+
+
+def output_end_subjects(cfg: settings_mod.Settings) -> Optional[FrozenSet[Any]]:
+    """The payload subjects whose end an output of :func:`output_processors` reads, ``None``
+    for every span (OTLP and the OTLP-JSON files read all): the export process gets no
+    other span, and a span only it would read is not made (see ``events._core._start``)."""
+    if cfg.otlp_endpoint or cfg.write_otlp_files:
+        return None
+    from otel_verl import legacy
+
+    subjects = legacy.end_subjects()
+    try:
+        wanted = metrics_outputs(cfg)
+    except ValueError:  # no metrics (said where the processors are made)
+        wanted = []
+    if wanted:
+        from otel_verl.exporters.metrics import SpanMetricsProcessor
+
+        subjects |= SpanMetricsProcessor.on_end_subjects
+    return subjects
 
 
 def _otlp_exporter(cfg: settings_mod.Settings) -> Any:

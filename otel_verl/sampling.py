@@ -119,11 +119,21 @@ class IsolatingSpanProcessor(SpanProcessor):
         self.processors: Tuple[SpanProcessor, ...] = ()
         self._starts: Dict[Any, Tuple[SpanProcessor, ...]] = {}  # payload subject -> who reads its starts
         self._ends: Dict[Any, Tuple[SpanProcessor, ...]] = {}
+        self._read: Dict[Any, bool] = {}  # payload subject -> whether anyone reads its spans
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         self.processors += (span_processor,)
         self._starts.clear()
         self._ends.clear()
+        self._read.clear()
+
+    def reads(self, subject: Any) -> bool:
+        """Whether a processor reads the start or the end of spans of ``subject``."""
+        read = self._read.get(subject)
+        if read is None:
+            read = self._read[subject] = bool(_readers(self.processors, "on_start_subjects", subject)
+                                              or _readers(self.processors, "on_end_subjects", subject))
+        return read
 
     def on_start(self, span, parent_context=None) -> None:
         for sp in self._readers(span, self._starts, "on_start_subjects"):

@@ -14,11 +14,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (otel_binaries, 
 class Pipeline:
     """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler, the
     events API's spans started by a SlimTracer) with the given processors and an
-    in-memory exporter, installed as the tracing state. ``sdk_spans``: the events API
-    starts the SDK's own spans instead, as with a provider otel_verl did not build."""
+    in-memory exporter (``in_memory``; it reads every span), installed as the tracing
+    state. ``sdk_spans``: the events API starts the SDK's own spans instead, as with a
+    provider otel_verl did not build."""
 
     def __init__(self, processors: Iterable[Any], env: dict | None = None, sampler: Any = None,
-                 sdk_spans: bool = False, resource: dict | None = None) -> None:
+                 sdk_spans: bool = False, resource: dict | None = None, in_memory: bool = True) -> None:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -42,7 +43,8 @@ class Pipeline:
         self.processors: List[Any] = list(processors)
         for p in self.processors:
             self.provider.add_span_processor(p)
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        if in_memory:
+            self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.settings = settings.load(env or {"OTEL_VERL_ENABLED": "1"})
         assert tracing.use_provider(self.provider, self.settings,
                                     None if sdk_spans else SlimTracer(self.provider, active))
@@ -62,13 +64,13 @@ class Pipeline:
 
 @pytest.fixture
 def make_pipeline():
-    """``make_pipeline([processors], env=None, sampler=None, sdk_spans=False, resource=None)
-    -> Pipeline``; closed after the test."""
+    """``make_pipeline([processors], env=None, sampler=None, sdk_spans=False, resource=None,
+    in_memory=True) -> Pipeline``; closed after the test."""
     made: List[Pipeline] = []
 
     def factory(processors: Iterable[Any] = (), env: dict | None = None, sampler: Any = None,
-                sdk_spans: bool = False, resource: dict | None = None) -> Pipeline:
-        pipeline = Pipeline(processors, env, sampler, sdk_spans, resource)
+                sdk_spans: bool = False, resource: dict | None = None, in_memory: bool = True) -> Pipeline:
+        pipeline = Pipeline(processors, env, sampler, sdk_spans, resource, in_memory)
         made.append(pipeline)
         return pipeline
 

@@ -311,3 +311,56 @@ def test_a_trained_sample_says_the_step_that_trained_it_and_its_staleness(seen):
         "u2": {sc.TRAINED_STEP: 4},
         "u3": {},
     }
+
+
+class TrajectoryEnds(PayloadSeen):
+    """Reads the ends of trajectory spans only, as the trajectory JSONL does."""
+
+    on_start_subjects: frozenset = frozenset()
+    on_end_subjects = frozenset({Subject.TRAJECTORY})
+
+
+def test_a_span_no_output_reads_is_not_made_and_what_it_records_still_arrives(make_pipeline, tmp_path):
+    """With the legacy files alone no output reads an LLM server's, a reward's or a reward
+    actor's span: none is made, and what they record still reaches the trajectory (the
+    engine's timing, the score and the CSV's reward row). An output that reads every
+    span brings them back."""
+    from otel_verl.legacy.sample_csv import SampleCsvProcessor
+
+    csv = SampleCsvProcessor(str(tmp_path / "trace"), discovery_path=None)
+    trajectories = TrajectoryEnds()
+    pipeline = make_pipeline([csv, trajectories], in_memory=False)
+
+    def one_trajectory(uid: str):
+        with events.trajectory(uid, "0", step=1, agent_name="single_turn_agent") as traj:
+            with events.llm_call([1, 2, 3], model="m") as turn:
+                with events.llm_server_call(turn.carrier(), request_id="r", provider="sglang") as server:
+                    server.record_meta({"queue_time": 0.5, "e2e_latency": 0.8, "prompt_tokens": 3})
+                turn.finish([4], server_meta=server.meta)
+            with events.reward() as reward:
+                reward.score(1.0)
+                carrier = reward.carrier()
+            with events.reward_worker_call(carrier) as actor:
+                actor.score(1.0)
+        return traj, server, reward, actor
+
+    traj, server, reward, actor = one_trajectory("u1")
+    assert (server.span, reward.span, actor.span) == (None, None, None)
+    assert traj.turns[0].server_meta == {"queue_time": 0.5, "e2e_latency": 0.8, "prompt_tokens": 3}
+    assert traj.reward_score == 1.0 and traj.reward_row[1] == 1.0
+    assert [name for _, name, _ in trajectories.seen] == [sc.agent_span_name("single_turn_agent")]
+    assert csv.force_flush()
+    details = [row.rsplit(",", 1)[-1].strip() for row in open(csv.path, encoding="utf-8")]
+    assert details[-1] == ("from=RewardLoopWorker|to=AgentLoopWorker|stage=ROLLOUT_REWARD|"
+                           "detail=reward_score_computed_score=1.0")
+
+    every = PayloadSeen()  # no subjects said: it reads every span
+    pipeline.provider.add_span_processor(every)
+    traj, server, reward, actor = one_trajectory("u2")
+    assert None not in (server.span, reward.span, actor.span)
+    ended = [name for when, name, _ in every.seen if when == "end"]
+    assert {sc.SPAN_LLM_SERVER, sc.SPAN_REWARD, sc.SPAN_REWARD_WORKER} <= set(ended)
+    assert traj.reward_row[1] == 1.0
+    from otel_verl import health
+
+    assert health.snapshot() == {"failures": {}, "dropped": {}}

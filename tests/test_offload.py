@@ -529,6 +529,38 @@ def test_spans_of_any_tracer_reach_the_export_process_whole(tmp_path):
     assert health.snapshot() == {"failures": {}, "dropped": {}}
 
 
+@pytest.mark.parametrize("env", [
+    {settings.OTLP_FILE: "0"},  # the legacy files alone
+    {settings.OTLP_FILE: "0", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:9"},  # and metrics
+    {},  # and the OTLP-JSON files
+    {settings.OTLP_FILE: "0", settings.OTLP_ENDPOINT: "http://127.0.0.1:9"},  # and OTLP
+], ids=["legacy", "metrics", "otlp_files", "otlp"])
+def test_the_export_process_is_sent_every_span_end_its_outputs_read(env, tmp_path, monkeypatch):
+    """bootstrap.output_end_subjects, the span ends a traced process sends (and the spans
+    it makes at all), covers what each output of the export process reads."""
+    for name in ("OTEL_METRICS_EXPORTER", settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT,
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = settings.load({settings.TRACE_DIR: str(tmp_path), **env})
+    sent = bootstrap.output_end_subjects(cfg)
+    processors = bootstrap.output_processors(cfg)
+    try:
+        read = [getattr(processor, "on_end_subjects", None) for processor in processors]
+        if None in read:
+            assert sent is None
+        else:
+            assert sent is not None and sent >= frozenset().union(*read)
+    finally:
+        for processor in processors:
+            processor.shutdown()
+    if env == {settings.OTLP_FILE: "0"}:  # nothing reads a server's or a reward's span then
+        from otel_verl.semconv import Subject
+
+        assert not sent & {Subject.LLM_SERVER, Subject.REWARD, Subject.REWARD_WORKER}
+
+
 def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp_path, monkeypatch):
     """Starts go to the export process for the kinds an output writes rows for at a start
     (bootstrap.output_start_subjects); a tool or reward span goes once, whole, at its end,

@@ -39,7 +39,13 @@ class TracingState:
         self.settings = settings
         self.sampler = sampler  # decides synthesised parents (sample roots seen without a carrier)
         self.capture_content = bool(getattr(settings, "capture_content", False))
+        # whether the provider's processors read spans of a subject (a provider not ours: yes)
+        self._reads: Optional[Callable[[Subject], bool]] = getattr(getattr(tracer, "processor", None), "reads", None)
         self._new_registries()
+
+    def reads(self, subject: Subject) -> bool:
+        """Whether an output reads spans of ``subject``."""
+        return self._reads is None or self._reads(subject)
 
     def _new_registries(self) -> None:
         limit = self.settings.max_open_samples
@@ -263,12 +269,15 @@ def _start(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     data: Any = None,
+    skippable: bool = False,
     **more: Any,
 ) -> Any:
-    """Start a span carrying ``Payload(subject, data)``, or return ``None`` (counted) when
-    tracing is off or fails."""
+    """Start a span carrying ``Payload(subject, data)``, or return ``None`` when tracing is
+    off or fails (counted), or when the span is ``skippable`` (no other span needs what it
+    records) and no output reads spans of its subject (only the legacy files are written:
+    none reads an LLM server's span)."""
     rt = state()
-    if rt is None:
+    if rt is None or skippable and not rt.reads(subject):
         return None
     try:
         return payload.start_span(rt.tracer, name, Payload(subject, data), context=context, kind=kind,

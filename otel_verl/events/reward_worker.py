@@ -40,7 +40,8 @@ def reward_worker_call(parent: Any, *, reward_manager: Optional[str] = None) -> 
         attrs = {key: row[key] for key in _SAMPLE_KEYS if row.get(key) is not None}
         if reward_manager:
             attrs[sc.REWARD_MANAGER] = _text(reward_manager)
-        span = _start(sc.SPAN_REWARD_WORKER, Subject.REWARD_WORKER, context, attrs, kind=SpanKind.SERVER)
+        span = _start(sc.SPAN_REWARD_WORKER, Subject.REWARD_WORKER, context, attrs, kind=SpanKind.SERVER,
+                      skippable=True)
         return RewardWorkerCall(span)
     except Exception as exc:  # the reward is computed untraced
         health.record_failure("events.reward_worker_call", exc)

@@ -60,6 +60,7 @@ def llm_server_call(headers: Optional[Mapping[str, str]], *, request_id: str, pr
             parent,
             {sc.LLM_REQUEST_ID: _text(request_id), sc.GEN_AI_PROVIDER_NAME: _text(provider)},
             kind=SpanKind.SERVER,
+            skippable=True,  # the engine's timing goes back to the worker's turn without it
         )
         return ServerCall(span, headers, provider)
     except Exception as exc:  # never into the server's request: it runs untraced

@@ -614,7 +614,7 @@ class RewardHandle(SpanScope):
     def __init__(self, span: Any, traj: Optional[_TrajectoryScope]) -> None:
         super().__init__(span)
         self.traj = traj
-        self.scored: Optional[float] = None  # the score put on the span
+        self.scored: Optional[float] = None  # the score reported
 
     def value(self) -> "RewardHandle":
         return self
@@ -624,11 +624,9 @@ class RewardHandle(SpanScope):
         """The trajectory's score; ``label``: the reward's verdict in words, where it gives one."""
         if self.traj is None:
             return
-        score = float(value)
-        self.traj.data.reward_score = score
+        score = self.scored = self.traj.data.reward_score = float(value)
         if self.span is not None:
             self.span.set_attribute(sc.REWARD_SCORE, score)
-            self.scored = score
             _evaluation_result(self.traj, score, label)
 
     @health.guarded(default=None)
@@ -640,7 +638,8 @@ class RewardHandle(SpanScope):
         return carriers.TraceCarrier.from_span(self.span, dict(self.traj.sample_attributes))
 
     def _ended(self, error: Optional[BaseException]) -> None:
-        if self.span is not None and self.scored is not None:
+        # with or without its span (none when no output reads it): the CSV's reward row
+        if self.scored is not None:
             self.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), self.scored)
 
 
@@ -653,7 +652,8 @@ def reward() -> ContextManager[RewardHandle]:
     if traj is None:
         return _NO_REWARD
     # (no payload data: the reward's rows and score go with the trajectory's end)
-    return RewardHandle(_start(sc.SPAN_REWARD, Subject.REWARD, None, dict(traj.sample_attributes)), traj)
+    span = _start(sc.SPAN_REWARD, Subject.REWARD, None, dict(traj.sample_attributes), skippable=True)
+    return RewardHandle(span, traj)
 
 
 def current_trajectory() -> Optional[TrajectoryData]:

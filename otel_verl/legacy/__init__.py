@@ -16,13 +16,13 @@ outputs see spans and opaque payloads.
 
 from __future__ import annotations
 
-from typing import Any, FrozenSet, List
+from typing import Any, FrozenSet, List, Tuple
 
 from otel_verl.legacy.records import RolloutData, TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
 from otel_verl.legacy.tokenizer import TextCodec, text_codec
 
 __all__ = ["RolloutData", "TrajectoryData", "TurnData", "kept_ids", "kept_prompt", "token_list", "TextCodec",
-           "text_codec", "processors", "start_subjects"]
+           "text_codec", "processors", "start_subjects", "end_subjects"]
 
 
 def processors(settings: Any) -> List[Any]:
@@ -44,10 +44,18 @@ def processors(settings: Any) -> List[Any]:
 
 
 def start_subjects() -> FrozenSet[Any]:
-    """The payload subjects whose span starts a legacy output reads (the others read ends)."""
+    """The payload subjects whose span starts a legacy output reads."""
+    return frozenset().union(*(output.on_start_subjects for output in _outputs()))
+
+
+def end_subjects() -> FrozenSet[Any]:
+    """The payload subjects whose span ends a legacy output reads."""
+    return frozenset().union(*(output.on_end_subjects for output in _outputs()))
+
+
+def _outputs() -> Tuple[Any, ...]:
     from otel_verl.legacy.progress_log import ProgressLogProcessor
     from otel_verl.legacy.sample_csv import SampleCsvProcessor
     from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 
-    return frozenset().union(*(output.on_start_subjects for output in
-                               (ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor)))
+    return ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor

@@ -316,9 +316,10 @@ class SampleCsvProcessor(WriterProcessor):
     """Writes the sample-flow CSV rows of the spans of this process."""
 
     # The spans it reads (IsolatingSpanProcessor hands it no others): the starts it writes
-    # rows for, and every end (the validation scope needs them).
+    # rows for, their ends (its validation scope forgets them there) and the ends it writes
+    # rows for.
     on_start_subjects = frozenset(ROWS_AT_START)
-    on_end_subjects = frozenset(Subject)
+    on_end_subjects = frozenset(ROWS_AT_START) | frozenset(ROWS_AT_END)
 
     def __init__(
         self,

@@ -65,7 +65,9 @@ class OffloadSpanProcessor(SpanProcessor):
     process's spans; see the module docs.
 
     ``start_subjects``: the payload subjects whose start an output reads; other spans go once,
-    when they end (OTLP reads ends only). ``in_process_outputs``: makes the span processors
+    when they end (OTLP reads ends only). ``end_subjects``: those whose end an output reads
+    (``None``: every span's, as OTLP does); the others' spans are neither sent nor, where
+    nothing else needs them, made. ``in_process_outputs``: makes the span processors
     this process runs itself once no export process can (``bootstrap.output_processors``)."""
 
     def __init__(
@@ -79,9 +81,11 @@ class OffloadSpanProcessor(SpanProcessor):
         shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
         max_restarts_per_minute: int = MAX_RESTARTS_PER_MINUTE,
         start_subjects: FrozenSet[Subject] = frozenset(Subject),
+        end_subjects: Optional[FrozenSet[Subject]] = None,
         in_process_outputs: Optional[Callable[[], Iterable[SpanProcessor]]] = None,
     ) -> None:
         self.start_subjects = frozenset(start_subjects)
+        self.on_end_subjects = end_subjects  # (IsolatingSpanProcessor hands it no other end)
         self.config = config
         self.max_pending_bytes = max_pending_bytes
         self.batch_interval_s = batch_interval_s
