@@ -4,9 +4,9 @@ Every legacy output writes through a :class:`BackgroundWriter`. The caller (a sp
 processor on the training thread or the agent loop's event loop) queues a *job*, the
 data of some lines, and the number of lines it stands for; the writer thread renders it
 with the output's *render* function, which gives the file and the text, and appends the
-text to the file. A job that holds only strings and numbers in tuples is one the cyclic
-GC stops tracking at its first collection: a backlog of such jobs does not bring on
-full collections of the traced process's heap, as callables queued per job would.
+text to the file. A job is data, not a callable: a closure or a partial per job is more
+objects for the cyclic GC to visit while the job waits, and a backlog of them reaches
+its oldest generation and brings on full collections of the traced process's heap.
 
 Guarantees:
 - ``submit`` never blocks and never raises. When the jobs waiting would hold more than

@@ -38,8 +38,8 @@ COMPLETE_STAGES = frozenset({"TRAIN_UPDATE", "FILTER_TRAJECTORIES"})
 class Rows(NamedTuple):
     """The rows of one event: one per trajectory in ``trajs``, all other cells shared.
 
-    A tuple of strings and numbers: queued for the writer, it is no object the cyclic GC
-    keeps visiting (see :mod:`otel_verl.exporters._writer`)."""
+    A tuple: queued for the writer, one object for the cyclic GC to visit, where a
+    dataclass instance is two (see :mod:`otel_verl.exporters._writer`)."""
 
     uid: str
     trajs: Sequence[Any]  # may be the caller's list: it is only read, on the writer thread
