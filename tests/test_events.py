@@ -364,3 +364,20 @@ def test_a_span_no_output_reads_is_not_made_and_what_it_records_still_arrives(ma
     from otel_verl import health
 
     assert health.snapshot() == {"failures": {}, "dropped": {}}
+
+
+def test_a_processor_that_names_its_subjects_wrongly_never_reaches_the_caller(make_pipeline):
+    """Whether a span may be left out is asked of the processors: one whose subjects
+    cannot be searched is counted, and the reward is still scored."""
+    from otel_verl import health
+
+    class Unsearchable(PayloadSeen):
+        on_start_subjects: frozenset = frozenset()
+        on_end_subjects = 42  # not a collection
+
+    make_pipeline([Unsearchable()], in_memory=False)
+    with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent") as traj:
+        with events.reward() as reward:
+            reward.score(0.5)
+    assert traj.reward_score == 0.5 and traj.reward_row[1] == 0.5
+    assert health.snapshot()["failures"].get("events.start_span", 0) >= 1

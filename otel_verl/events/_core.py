@@ -277,9 +277,12 @@ def _start(
     records) and no output reads spans of its subject (only the legacy files are written:
     none reads an LLM server's span)."""
     rt = state()
-    if rt is None or skippable and not rt.reads(subject):
+    if rt is None:
         return None
     try:
+        # (in the try: which subjects a processor reads is its own to say, rightly or not)
+        if skippable and not rt.reads(subject):
+            return None
         return payload.start_span(rt.tracer, name, Payload(subject, data), context=context, kind=kind,
                                   attributes=attributes, **more)
     except Exception as exc:
