@@ -349,7 +349,7 @@ def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
         from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
 
         return OtlpSpanExporter(protocol=protocol)
-    from otel_verl.exporters.otlp import RequestSplittingExporter
+    from otel_verl.exporters.otlp import RequestSplittingExporter, sdk_exporter_arguments
 
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -358,7 +358,7 @@ def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
     else:  # the SDK's HTTP exporter sends protobuf only
         raise settings_mod.ConfigError(f"{settings_mod.OTLP_EXPORTER}=sdk: the SDK's exporters take grpc or "
                                        f"http/protobuf, not {protocol!r}")
-    return RequestSplittingExporter(OTLPSpanExporter())
+    return RequestSplittingExporter(OTLPSpanExporter(**sdk_exporter_arguments(protocol)))
 
 
 FILE_BATCH_DELAY_S = 0.5  # the OTLP-JSON files' batches: spans are in the file within a second

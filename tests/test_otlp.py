@@ -4,6 +4,7 @@ only the spans not delivered counted as lost."""
 
 from __future__ import annotations
 
+import base64
 import math
 import struct
 from importlib.metadata import version
@@ -18,11 +19,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import fault_workload as w
-from otel_verl import health
+from otel_verl import bootstrap, health, settings
 from otel_verl.exporters.otlp import RequestSplittingExporter
 from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES
 from otel_verl.exporters.batch import BatchExportProcessor
 
+from test_otlp_exporter import demo_spans, receiver  # noqa: F401  (receiver: a fixture)
 from test_otlp_json_file import make_spans
 
 # a chat message at the content limit: 8000 characters, 9600 UTF-8 bytes
@@ -185,3 +187,32 @@ def test_the_grpc_receiver_refuses_a_request_over_its_limit(tmp_path):
     with w.fault_server("grpc_capture", str(capture)) as port:
         w.run_python(_STOCK_EXPORTER.format(port=port), {}, timeout=50)
     assert [len(span_messages(r)) for r in _captured_requests(capture)] == [3]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("explicit", [True, False])
+def test_credentials_in_the_endpoint_go_as_otel_verls_exporter_sends_them(receiver, monkeypatch, protocol, explicit):
+    """The SDK's exporter as bootstrap builds it, against a real local receiver: an
+    explicit ``authorization`` header wins over the endpoint's credentials, which are
+    sent as Basic authorization otherwise."""
+    kind = "grpc" if protocol == "grpc" else "http"
+    server = receiver(kind, [{"code": "OK"} if kind == "grpc" else {"status": 200}])
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+                 "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION"):
+        monkeypatch.delenv(name, raising=False)
+    path = "" if kind == "grpc" else "/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://verl:s3cr%40t@127.0.0.1:{server.port}{path}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5")
+    if explicit:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0ken")
+    monkeypatch.setenv("OTEL_VERL_OTLP_EXPORTER", "sdk")
+    exporter = bootstrap._otlp_exporter(settings.load())
+    try:
+        assert exporter.export(demo_spans(1)) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+    (request,) = server.requests()
+    basic = "Basic " + base64.b64encode(b"verl:s3cr@t").decode()
+    assert request["headers"]["authorization"] == ("Bearer t0ken" if explicit else basic)

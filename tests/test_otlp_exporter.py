@@ -256,6 +256,18 @@ def test_credentials_in_the_endpoint_are_sent_as_basic_auth_and_never_logged(rec
     assert "s3cr" not in caplog.text and "verl:s" not in caplog.text and "dmVyb" not in caplog.text
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf", "http/json"])
+def test_an_explicit_authorization_header_wins_over_credentials_in_the_endpoint(receiver, exporters, protocol):
+    kind = "grpc" if protocol == "grpc" else "http"
+    server = receiver(kind, [OK_GRPC if kind == "grpc" else OK_HTTP])
+    endpoint = endpoint_of(protocol, server.port).replace("://", "://verl:s3cr%40t@")
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0ken"}
+    exporter = exporters(endpoint=endpoint, protocol=protocol, environ=env)
+    assert exporter.export(demo_spans(1)) is SpanExportResult.SUCCESS
+    (request,) = server.requests()
+    assert request["headers"]["authorization"] == "Bearer t0ken"
+
+
 # --------------------------------------------------------------------------- TLS
 
 

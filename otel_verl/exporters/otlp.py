@@ -10,17 +10,33 @@ chunks whose size stays under the limit (the bound of
 :func:`otel_verl.exporters.otlp_encoding.size_bound`, which otel_verl's own exporter cuts
 its requests by too), with text the SDK's encoder would fail the whole request on (a
 lone surrogate) repaired first.
+
+:func:`sdk_exporter_arguments` says what the SDK's exporter is given beyond the
+variables it reads itself.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import health
 from otel_verl.exporters.otlp_encoding import records_of, request_chunks, well_formed_record
-from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES
+from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES, OtlpSettings
+
+
+def sdk_exporter_arguments(protocol: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The SDK's ``OTLPSpanExporter``'s arguments: none, unless the endpoint carries
+    credentials (``http://user:pass@host``); then the endpoint without them and the headers
+    with them, as otel_verl's exporter sends (an explicit ``authorization`` header wins).
+    Left to itself the SDK's HTTP exporter lets the URL's credentials replace that header,
+    and its gRPC exporter cannot connect to such a URL (and logs it, password and all)."""
+    settings = OtlpSettings(os.environ if environ is None else environ, protocol=protocol)
+    if settings.username is None:
+        return {}
+    return {"endpoint": settings.endpoint, "headers": settings.request_headers()}
 
 
 class RequestSplittingExporter(SpanExporter):

@@ -18,7 +18,8 @@ as the SDK's exporters read them:
   plain text, anything else TLS unless ``INSECURE``. HTTP: the traces variable is the
   whole URL; the general one is a base URL that ``/v1/traces`` is appended to (default
   ``http://localhost:4318``). Credentials in the URL (``http://user:pass@host``) are sent
-  as HTTP Basic authorization (gRPC: an ``authorization`` header) and never logged.
+  as HTTP Basic authorization (an ``authorization`` header; an explicit one in
+  ``HEADERS`` wins) and never logged.
 - ``HEADERS``: ``key=value`` pairs, comma-separated, URL-decoded (``parse_env_headers``,
   liberal), keys lowercased; the traces variable replaces the general one.
 - ``COMPRESSION``: ``gzip``, ``deflate`` or ``none`` (default); another value: none, with
@@ -151,6 +152,15 @@ class OtlpSettings:
             return None
         token = f"{self.username}:{self.password or ''}".encode("utf-8")
         return "Basic " + base64.b64encode(token).decode("ascii")
+
+    def request_headers(self) -> Dict[str, str]:
+        """The headers every request carries: an explicit ``authorization`` header wins
+        over the endpoint's credentials, on every protocol."""
+        headers = dict(self.headers)
+        authorization = self.basic_authorization()
+        if authorization is not None and "authorization" not in headers:
+            headers["authorization"] = authorization
+        return headers
 
 
 def _split_credentials(endpoint: str) -> Tuple[str, Optional[str], Optional[str]]:
@@ -304,10 +314,8 @@ class _HttpTransport:
         client_certificate, client_key = settings.client_certificate_file, settings.client_key_file
         if client_certificate:
             self.tls["cert"] = (client_certificate, client_key) if client_key else client_certificate
-        if settings.username is not None:
-            self.session.auth = (settings.username, settings.password or "")
         self.headers = {"content-type": "application/json" if self.json_body else "application/x-protobuf",
-                        "user-agent": USER_AGENT, **settings.headers}
+                        "user-agent": USER_AGENT, **settings.request_headers()}
         if settings.compression != "none" and "content-encoding" not in self.headers:
             self.headers["content-encoding"] = settings.compression
         self.connection_errors = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -395,11 +403,7 @@ class _GrpcTransport:
         self.shutdown = shutdown
         parts = urlsplit(settings.endpoint)
         self.target = parts.netloc if parts.netloc else settings.endpoint
-        metadata = dict(settings.headers)
-        authorization = settings.basic_authorization()
-        if authorization is not None and "authorization" not in metadata:
-            metadata["authorization"] = authorization
-        self.metadata: List[Tuple[str, str]] = list(metadata.items())
+        self.metadata: List[Tuple[str, str]] = list(settings.request_headers().items())
         self.compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(
             settings.compression, grpc.Compression.NoCompression)
         self.retryable = frozenset(getattr(grpc.StatusCode, name) for name in RETRYABLE_GRPC_CODES)
