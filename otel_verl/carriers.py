@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_verl import forks, health
+from otel_verl.ids import id_str
 from otel_verl.settings import RUN_ID
 
 COLUMN = "otel_traceparent"  # DataProto non_tensor_batch column / TensorDict field / row kwarg
@@ -121,9 +122,11 @@ def _new_arrivals_lock_in_child() -> None:
 
 
 def take_arrived(uid: Any) -> Optional[TraceCarrier]:
-    """The carrier that arrived in this process for ``uid`` (removed), or ``None``."""
+    """The carrier that arrived in this process for ``uid`` (removed), or ``None``.
+    Carriers name their uid as the events API writes it (``id_str``: a long one cut)."""
+    key = id_str(uid)
     with _arrived_lock:
-        return _arrived.pop(str(uid), None)
+        return _arrived.pop(key, None)
 
 
 _run_id: Optional[str] = None

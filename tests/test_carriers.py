@@ -45,6 +45,17 @@ def test_a_carrier_pickles_with_its_row_and_is_kept_for_its_uid_where_it_arrives
     assert carriers.take_arrived("u-7") is None  # taken once
 
 
+def test_a_carrier_is_found_by_a_long_uid_as_the_sender_named_it_cut():
+    """The trainer names a row's uid as the events API writes it (``id_str``: an id over
+    256 characters cut); the worker asks by the uid verl hands it."""
+    from otel_verl.ids import id_str
+
+    uid = "p" * 1000
+    carrier = carriers.TraceCarrier.from_span(_span()).with_row({"uid": id_str(uid)})
+    assert pickle.loads(pickle.dumps(carrier)) == carrier
+    assert carriers.take_arrived(uid) == carrier
+
+
 def test_a_carrier_names_the_run_that_sent_it_and_an_older_one_names_none(monkeypatch):
     monkeypatch.setenv("OTEL_VERL_RUN_ID", "run-1")
     carrier = carriers.TraceCarrier.from_span(_span())

@@ -87,3 +87,57 @@ def test_id_list_writes_lone_surrogates_as_replacement_characters():
 
     odd = json.loads('"u\\ud800"')
     assert id_list(["plain", odd]) == ["plain", "u\ufffd"]
+
+
+def test_a_long_ids_cut_and_hash_are_those_every_process_of_a_run_derives():
+    """The trace id derivation is a contract across processes (docs/SPANS.md): an id up
+    to 65,536 characters keeps its head and a hash of the whole of it."""
+    import hashlib
+
+    for uid in ("x" * 300, "日本" * 20_000):
+        digest = hashlib.blake2b(uid.encode("utf-8"), digest_size=8).hexdigest()
+        assert id_str(uid) == f"{uid[:239]}~{digest}"
+
+
+def test_huge_ids_stay_apart_and_are_counted():
+    from otel_verl import health
+
+    size = 50 * 1024 * 1024
+    base = "u" * size
+    variants = [base, base + "u", "v" + base[1:], base[:-1] + "v"]  # its length, head and tail
+    cut = [id_str(uid) for uid in variants]
+    assert all(len(c) == 256 and c.startswith("u" * 200) == (uid[0] == "u") for c, uid in zip(cut, variants))
+    assert len(set(cut)) == len(variants)
+    assert id_str(base) == cut[0]  # the same in every call
+    assert id_str(base.encode()).startswith("u" * 200)  # bytes: decoded no more than their samples
+    assert health.snapshot()["failures"] == {"ids.long_id": len(variants) + 2}  # one per id cut so
+
+
+def test_a_50_mb_uid_costs_the_caller_a_bounded_time_and_its_spans_come_out(make_pipeline):
+    """Hashing the whole of a 50 MB uid cost ~90 ms at every events-API call that names it
+    (the training loop's, the agent loops' event loop): now a bound, whatever its size."""
+    import time
+
+    from otel_verl import carriers, events, health
+
+    pipeline = make_pipeline()
+    uid = "u" * (50 * 1024 * 1024)
+
+    def calls() -> float:
+        fresh = uid[:-1] + "v"  # a new object: no cached hash
+        started = time.perf_counter()
+        events.samples_created([fresh], step=1, trainer="RayPPOTrainer")
+        with events.trajectory(fresh, "0", step=1, agent_name="tool_agent", provider="sglang"):
+            pass
+        carriers.take_arrived(fresh)
+        events.prompt_task_started(fresh, step=1, agent_name="tool_agent")
+        events.prompt_task_finished(fresh)
+        events.samples_finished([fresh], "trained")
+        return time.perf_counter() - started
+
+    best = min(calls() for _ in range(3))
+    assert best < 0.05, f"{best * 1e3:.0f} ms for 6 calls (hashing the whole uid: ~90 ms a call)"
+    names = sorted(span.name for span in pipeline.spans())
+    assert len(names) == 9 and health.snapshot()["failures"]["ids.long_id"] > 0
+    cut = id_str(uid[:-1] + "v")
+    assert {span.attributes.get("verl.uid") for span in pipeline.spans()} == {cut}
