@@ -393,6 +393,56 @@ def test_shutdown_keeps_its_deadline_with_an_exporter_that_hangs(make_pipeline):
         exporter.release.set()
 
 
+def _dropped_in(data) -> dict:
+    """The otel_verl.dropped points of one collection: output -> value."""
+    return {dict(p.attributes)[m.OUTPUT_ATTRIBUTE]: p.value for resource in data.resource_metrics
+            for scope in resource.scope_metrics for metric in scope.metrics if metric.name == m.DROPPED
+            for p in metric.data.data_points}
+
+
+def test_an_exporter_that_hangs_delays_no_other_exporters_collections(make_pipeline):
+    """As an OTLP exporter waits out a collector that does not answer: the file beside it
+    still gets every collection, the shutdown's last one included, within the deadline."""
+    hanging, files = _HangingExporter(), InMemoryExporter()
+    processor = m.SpanMetricsProcessor(lambda: [hanging, files], shutdown_timeout_s=1.0)
+    make_pipeline([processor])
+    _trajectory()
+    try:
+        assert not processor.force_flush(200)  # the hanging one did not export it in time
+        assert len(files.exported) == 1
+        health.record_dropped("otlp", 7, "induced by the test")
+        processor.shutdown()
+        assert _dropped_in(files.exported[-1]) == {"otlp": 7}
+    finally:
+        hanging.release.set()
+
+
+def test_a_loss_is_collected_within_a_second_or_so_without_a_flush():
+    """A process killed before its next collection (every 60 s by default) leaves its
+    losses in its metric files all the same, as in its loss file."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport
+
+    aggregation = Aggregation(Resource.create({}), InstrumentationScope(m.METER_NAME))
+    m._Instruments(aggregation, m._sampled_span)
+    exporter = InMemoryExporter()
+    export = PeriodicExport(aggregation, [exporter], env={"OTEL_METRIC_EXPORT_INTERVAL": "600000"})
+    try:
+        health.record_dropped("otlp", 3, "induced by the test")
+        for _ in range(200):  # generous: the thread looks every second
+            if exporter.exported and _dropped_in(exporter.exported[-1]) == {"otlp": 3}:
+                break
+            threading.Event().wait(0.05)
+        assert exporter.exported and _dropped_in(exporter.exported[-1]) == {"otlp": 3}
+        collections = len(exporter.exported)
+        threading.Event().wait(1.5)
+        assert len(exporter.exported) == collections  # no change, no collection
+    finally:
+        export.shutdown(1000)
+
+
 # --------------------------------------------------------------------------- files
 
 

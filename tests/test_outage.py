@@ -546,3 +546,21 @@ def wait_for_export_processes_of(trace, timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"export processes of {trace} still running after {timeout_s} s")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("offload", ["0", "1"])
+def test_the_metric_files_say_what_health_says_while_a_collector_hangs(tmp_path, offload):
+    """A collector that never answers holds each OTLP metric export (and its retries) for
+    the whole export timeout; collected every 200 ms, one is always in flight. The metric
+    files' collections, the last one included, do not wait for it."""
+    with w.fault_server("silent") as port:
+        env = {**otlp_env(port, offload), "OTEL_VERL_SHUTDOWN_TIMEOUT_S": "3", "OTEL_METRIC_EXPORT_INTERVAL": "200",
+               "OTEL_METRIC_EXPORT_TIMEOUT": "30000"}
+        flood = Flood(tmp_path, env, seconds=3)
+        try:
+            result = flood.wait_result(60)
+            assert flood.wait_exit(30) == 0, flood.stderr.read_text()[-4000:]
+        finally:
+            flood.kill()
+    assert_loss_figures_agree(flood.trace, result["health"]["dropped"])

@@ -8,7 +8,8 @@ otel_verl builds itself, cumulative temporality, explicit buckets, trace-based e
 ``record``/``add`` of its instruments, so the recorders of :mod:`otel_verl.exporters.metrics`
 serve both; a record's ``context`` is what :func:`sampled_span` made of the span), and
 builds the SDK's public data model (``MetricsData``) at each collection;
-:class:`PeriodicExport` hands that to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``.
+:class:`PeriodicExport` hands that to the exporters every ``OTEL_METRIC_EXPORT_INTERVAL``
+and soon after otel_verl's loss counters change, each exporter on a thread of its own.
 The data points equal the SDK's for the same records (``tests/test_metrics.py``). Whatever
 the environment asks that this does not do (delta temporality, exponential histograms,
 another exemplar filter: :func:`unsupported`) goes through the SDK's ``MeterProvider``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from bisect import bisect_left
 from time import time_ns
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -57,6 +59,11 @@ CARDINALITY_LIMIT = 2000
 _OVERFLOW = frozenset({("otel.metric.overflow", True)})
 _NONE: frozenset = frozenset()  # no attributes
 _CUMULATIVE = AggregationTemporality.CUMULATIVE
+# otel_verl's loss counters are looked at this often (as the loss file is written), and a
+# change collected unless a collection came less than LOSSES_SPACING_S before: a run that
+# loses spans for hours adds a line (a few kB) to its metric file every 5 s, not every second
+LOSSES_CHECK_S = 1.0
+LOSSES_SPACING_S = 5.0
 
 
 def unsupported(env: Optional[Dict[str, str]] = None) -> List[str]:
@@ -276,18 +283,30 @@ def _sum(instrument: Any, points: List[NumberDataPoint]) -> Optional[Metric]:
 
 
 class PeriodicExport:
-    """Collects ``aggregation`` every ``OTEL_METRIC_EXPORT_INTERVAL`` ms on a thread of its
-    own and hands it to each of ``exporters`` in turn, within ``OTEL_METRIC_EXPORT_TIMEOUT``
-    ms, as the SDK's ``PeriodicExportingMetricReader`` does for each of its exporters."""
+    """Collects ``aggregation`` every ``OTEL_METRIC_EXPORT_INTERVAL`` ms, and within about
+    ``losses_check_s`` of a change of otel_verl's loss counters (:mod:`otel_verl.health`;
+    at most every ``losses_spacing_s`` while they go on changing), on a thread of its own,
+    and hands each collection to each of ``exporters``, each on a thread of its own
+    (:class:`_Lane`): an OTLP exporter waiting out a collector's retries delays no file,
+    the last collection's included. The points are cumulative, so an exporter still busy
+    with an older collection skips to the newest."""
 
     def __init__(self, aggregation: Aggregation, exporters: Sequence[Any],
-                 env: Optional[Dict[str, str]] = None) -> None:
+                 env: Optional[Dict[str, str]] = None, *, losses_check_s: float = LOSSES_CHECK_S,
+                 losses_spacing_s: float = LOSSES_SPACING_S) -> None:
         env = os.environ if env is None else env
         self.aggregation = aggregation
         self.exporters = list(exporters)
         self.interval_s = _milliseconds(env, EXPORT_INTERVAL, DEFAULT_EXPORT_INTERVAL_MS) / 1000
         self.timeout_ms = _milliseconds(env, EXPORT_TIMEOUT, DEFAULT_EXPORT_TIMEOUT_MS)
-        self._export_lock = threading.Lock()  # one collection and export at a time
+        self.losses_check_s = losses_check_s
+        self.losses_spacing_s = losses_spacing_s
+        self.lanes = [_Lane(exporter) for exporter in self.exporters]
+        self._collect_lock = threading.Lock()  # one collection at a time, numbered in order
+        self._collections = 0
+        # the loss counters as of the latest collection (none yet: a loss counted collects)
+        self._losses_collected: Any = {"failures": {}, "dropped": {}}
+        self._collected_at = -math.inf  # time.monotonic() of the latest collection
         self._stop = threading.Event()
         self._start_thread()
         forks.in_child(self._after_fork_in_child)
@@ -296,23 +315,39 @@ class PeriodicExport:
         threading.Thread(target=self._loop, name="otel-verl-metrics", daemon=True).start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.export(self.timeout_ms)
+        due = time.monotonic() + self.interval_s
+        while not self._stop.wait(max(0.0, min(self.losses_check_s, due - time.monotonic()))):
+            now = time.monotonic()
+            if now >= due:
+                due = now + self.interval_s
+                self._hand_over(self.timeout_ms)
+            elif now - self._collected_at >= self.losses_spacing_s and health.totals() != self._losses_collected:
+                self._hand_over(self.timeout_ms)
+
+    def _hand_over(self, timeout_millis: float) -> int:
+        """Collects now and hands the collection to every lane; its number (0: nothing
+        recorded yet)."""
+        with self._collect_lock:
+            # read before the collection: a loss counted meanwhile makes the next one
+            self._losses_collected = health.totals()
+            self._collected_at = time.monotonic()
+            data = self.aggregation.collect()
+            if data is None:
+                return 0
+            self._collections += 1
+            for lane in self.lanes:
+                lane.offer(self._collections, data, timeout_millis)
+            return self._collections
 
     def export(self, timeout_millis: float) -> bool:
-        """Collects now and hands the collection to every exporter; whether that took less
-        than ``timeout_millis``. An exporter that refuses it logs why (as the SDK's reader
-        does, this is no failed flush: the next collection holds the same cumulative
-        points); one that raises is counted."""
+        """Collects now and hands the collection to every exporter; whether every one of
+        them exported it within ``timeout_millis``. An exporter that refuses it logs why
+        (as the SDK's reader does, this is no failed flush: the next collection holds the
+        same cumulative points); one that raises is counted."""
         deadline = Deadline(timeout_millis / 1000)
-        with self._export_lock:
-            data = self.aggregation.collect()
-            for exporter in self.exporters if data is not None else ():
-                try:
-                    exporter.export(data, timeout_millis=deadline.left_ms())
-                except Exception as exc:
-                    health.record_failure("metrics.export", exc)
-        return not deadline.passed
+        collection = self._hand_over(timeout_millis)
+        waited = [lane.wait(collection, deadline) for lane in self.lanes]
+        return all(waited)
 
     def force_flush(self, timeout_millis: float = 30_000) -> bool:
         return self.export(timeout_millis)
@@ -323,16 +358,75 @@ class PeriodicExport:
         self._stop.set()
         forks.forget(self._after_fork_in_child)
         exported = self.export(timeout_millis)
-        for exporter in self.exporters:
+        for lane in self.lanes:
+            lane.close()
             try:
-                exporter.shutdown(timeout_millis=deadline.left_ms())
+                lane.exporter.shutdown(timeout_millis=deadline.left_ms())
             except Exception as exc:
                 health.record_failure("metrics.shutdown", exc)
         return exported
 
     def _after_fork_in_child(self) -> None:
-        self._export_lock = threading.Lock()
+        self._collect_lock = threading.Lock()
+        for lane in self.lanes:
+            lane.after_fork_in_child()
         if not self._stop.is_set():
+            self._start_thread()
+
+
+class _Lane:
+    """One exporter and the thread that exports to it the newest collection handed over."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+        self._ready = threading.Condition()
+        self._next: Optional[Tuple[int, MetricsData, float]] = None  # (number, collection, timeout ms)
+        self._done = 0  # the number of the newest collection exported (or refused)
+        self._closed = False
+        self._ended = False  # the thread returned: nothing handed over is exported any more
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._run, name="otel-verl-metrics-export", daemon=True).start()
+
+    def offer(self, number: int, data: MetricsData, timeout_millis: float) -> None:
+        with self._ready:
+            self._next = (number, data, timeout_millis)
+            self._ready.notify_all()
+
+    def wait(self, number: int, deadline: Deadline) -> bool:
+        """Whether collection ``number`` (or a newer one) is exported by ``deadline``."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._done >= number or self._ended, deadline.left_s())
+            return self._done >= number
+
+    def close(self) -> None:
+        """The thread ends once it exported what it was handed."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._next is not None or self._closed)
+                if self._next is None:
+                    self._ended = True
+                    self._ready.notify_all()
+                    return
+                (number, data, timeout_millis), self._next = self._next, None
+            try:
+                self.exporter.export(data, timeout_millis=timeout_millis)
+            except Exception as exc:
+                health.record_failure("metrics.export", exc)
+            with self._ready:
+                self._done = number
+                self._ready.notify_all()
+
+    def after_fork_in_child(self) -> None:
+        self._ready = threading.Condition()  # another thread may have held it at fork time
+        self._next = None  # the parent's collection: the child collects its own
+        if not self._closed:
             self._start_thread()
 
 
