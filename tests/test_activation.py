@@ -264,3 +264,47 @@ def test_launcher_activates_driver_actor_and_nested_actor(tmp_path):
     parent_calls, parent_active, parent_run, nested = eval(lines["ACTORS"])  # noqa: S307 - our own repr
     assert (parent_calls, parent_active, parent_run) == (1, True, "launch-1")
     assert tuple(nested) == (1, True, "launch-1")
+
+
+# The second sitecustomize a user's environment already had (a distro's, a venv's): the
+# launcher's must hand over to it in every Python.
+PROBE_SITECUSTOMIZE = "import sys\nprint('probe sitecustomize ran in', sys.executable)\n"
+LAUNCHED_CHECK = "import sys; print('command ran, otel_verl activated:', 'otel_verl.activation' in sys.modules)"
+
+
+def _launch(python: str, tmp_path) -> subprocess.CompletedProcess:
+    """``otel-verl run --trace-dir T -- PYTHON -c ...`` with a second sitecustomize on PYTHONPATH."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(PROBE_SITECUSTOMIZE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(probe), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "otel_verl.tools.cli", "run", "--trace-dir", str(tmp_path / "trace"), "--",
+         python, "-c", LAUNCHED_CHECK],
+        env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,  # not a checkout: its otel_verl is importable
+    )
+
+
+def test_launcher_in_a_python_without_otel_verl_says_so_in_one_line_and_chains_on(tmp_path):
+    """A Python the launched command starts may not have otel_verl (a system Python, a venv
+    of its own): the launcher's sitecustomize says so once and runs the next one."""
+    venv = tmp_path / "foreign-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    foreign = str(venv / "bin" / "python")
+    if subprocess.run([foreign, "-c", "import otel_verl"], capture_output=True, cwd=tmp_path).returncode == 0:
+        pytest.skip("otel_verl is installed in the base Python itself: no Python without it here")
+    proc = _launch(foreign, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"probe sitecustomize ran in {foreign}" in proc.stdout.splitlines()
+    assert "command ran, otel_verl activated: False" in proc.stdout.splitlines()
+    assert proc.stderr.splitlines() == [
+        f"otel-verl: tracing is off in {foreign}: it cannot import otel_verl (install otel-verl in that environment)"]
+
+
+def test_launcher_in_a_python_with_otel_verl_activates_and_chains_on(tmp_path):
+    proc = _launch(sys.executable, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"probe sitecustomize ran in {sys.executable}" in proc.stdout.splitlines()
+    assert "command ran, otel_verl activated: True" in proc.stdout.splitlines()
+    assert "tracing is off" not in proc.stderr and "Error in sitecustomize" not in proc.stderr, proc.stderr
