@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import traceback
-from time import time_ns
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -31,6 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_verl import health
+from otel_verl.clock import anchored_ns, offset_ns
 from otel_verl.ids import well_formed
 from otel_verl.record import EventRecord, SpanRecord, link_record
 from otel_verl.semconv import INSTRUMENTATION_NAME
@@ -81,8 +81,9 @@ class SlimTracer(trace.Tracer):
         span_context = SpanContext(trace_id, self.ids.generate_span_id(), False, flags, sampled.trace_state)
         if not decision.is_recording():
             return trace.NonRecordingSpan(span_context)
-        span = SlimSpan(self, name, span_context, parent, kind, links, start_time or time_ns(),
-                        record_exception, set_status_on_exception)
+        offset = offset_ns()
+        span = SlimSpan(self, name, span_context, parent, kind, links, start_time or anchored_ns(offset),
+                        record_exception, set_status_on_exception, offset)
         if sampled.attributes:
             span.set_attributes(sampled.attributes)
         self.processor.on_start(span, parent_context=context)
@@ -135,14 +136,17 @@ def _reads(field: str) -> property:
 class SlimSpan(trace.Span):
     """A recording span of :class:`SlimTracer`. Attribute values are kept as OTLP can carry
     them: strings (cut at the span limit), bools, ints, floats, and sequences of those.
-    It takes no lock: the events API changes and ends each span from one place at a time."""
+    It takes no lock: the events API changes and ends each span from one place at a time.
+    Its end and events are timed from its start by the monotonic clock (``otel_verl.clock``):
+    a jump of the system clock while it is open changes no duration."""
 
     __slots__ = ("_tracer", "_name", "_context", "_parent", "_kind", "_attributes", "_events", "_links",
-                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception", "payload")
+                 "_status", "_start_time", "_end_time", "_record_exception", "_set_status_on_exception", "payload",
+                 "_clock_offset")
 
     def __init__(self, tracer: SlimTracer, name: str, context: SpanContext, parent: Optional[SpanContext],
                  kind: SpanKind, links: Sequence[Link], start_time: int, record_exception: bool = True,
-                 set_status_on_exception: bool = True) -> None:
+                 set_status_on_exception: bool = True, clock_offset: Optional[int] = None) -> None:
         self._tracer = tracer
         self._name = name
         self._context = context
@@ -160,6 +164,8 @@ class SlimSpan(trace.Span):
         self._end_time: Optional[int] = None
         self._record_exception = record_exception
         self._set_status_on_exception = set_status_on_exception
+        # epoch ns = monotonic ns + this, from the span's start on
+        self._clock_offset = clock_offset if clock_offset is not None else offset_ns()
         self.payload: Any = None  # set by otel_verl.payload.start_span; the record carries it
 
     # ------------------------------------------------------------------ the API's Span
@@ -208,7 +214,7 @@ class SlimSpan(trace.Span):
         if attributes:
             attributes = {key: well_formed(value) if type(value) is str and not value.isascii() else value
                           for key, value in attributes.items()}
-        event = EventRecord(name, timestamp or time_ns(), attributes or {})
+        event = EventRecord(name, timestamp or anchored_ns(self._clock_offset), attributes or {})
         self._events = (*self._events, event)
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
@@ -250,7 +256,7 @@ class SlimSpan(trace.Span):
     def end(self, end_time: Optional[int] = None) -> None:
         if self._end_time is not None:
             return
-        self._end_time = end_time or time_ns()
+        self._end_time = end_time or anchored_ns(self._clock_offset)
         tracer, context, parent, status = self._tracer, self._context, self._parent, self._status
         # the span's one record: what every output reads, as it is (otel_verl.record)
         tracer.processor.on_end(SpanRecord(

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -40,7 +41,8 @@ class SpanClock:
 def span_clock(monkeypatch):
     fake = SpanClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
-    monkeypatch.setattr("otel_verl.slim_span.time_ns", fake)
+    # otel_verl's clock: its wall and monotonic readings both the fake's (no jump)
+    monkeypatch.setattr("otel_verl.clock.time", types.SimpleNamespace(time_ns=fake, monotonic_ns=fake))
     return fake
 
 

@@ -10,6 +10,7 @@ import csv
 import os
 import shutil
 import socket
+import types
 
 import pytest
 
@@ -37,7 +38,8 @@ class FakeClock:
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr("opentelemetry.sdk.trace.time_ns", fake)
-    monkeypatch.setattr("otel_verl.slim_span.time_ns", fake)
+    # otel_verl's clock: its wall and monotonic readings both the fake's (no jump)
+    monkeypatch.setattr("otel_verl.clock.time", types.SimpleNamespace(time_ns=fake, monotonic_ns=fake))
     monkeypatch.setattr("otel_verl.events._core._now_ns", fake)
     return fake
 

@@ -1,11 +1,12 @@
 """Trajectory JSONL: the legacy line, byte for byte, driven through the real events API.
 
 Contract: LEGACY_FORMATS.md §3 (key orders, timing rules, the template-overhead slice).
-Time is a controllable clock patched into ``otel_verl.events`` so lines are exact.
+Time is a controllable clock patched into ``otel_verl.clock`` so lines are exact.
 """
 
 from __future__ import annotations
 
+import fractions
 import glob
 import json
 import os
@@ -106,19 +107,20 @@ class BpeTokenizer:
 
 
 class Clock:
-    """``time.time()`` for the events API, set by the test before each event."""
+    """The time otel_verl reads (its wall and monotonic clocks alike), set by the test
+    before each event."""
 
     def __init__(self, now: float = T0) -> None:
         self.now = now
 
-    def time(self) -> float:
-        return self.now
+    def time_ns(self) -> int:
+        return int(fractions.Fraction(self.now) * 10**9)  # exact: the lines' times come back as set
 
 
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(events.worker, "time", types.SimpleNamespace(time=c.time, time_ns=time.time_ns))
+    monkeypatch.setattr("otel_verl.clock.time", types.SimpleNamespace(time_ns=c.time_ns, monotonic_ns=c.time_ns))
     return c
 
 

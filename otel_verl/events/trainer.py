@@ -426,7 +426,9 @@ def sample_stage_done(
     validate: Optional[bool] = None,
 ) -> None:
     """A batch stage finished for these rows: one span per uid (child of its sample root,
-    linked to the step's stage span) listing the uid's traj_uids in batch order."""
+    linked to the step's stage span) listing the uid's traj_uids in batch order.
+    ``start_ns``: epoch ns the stage began; taken now as ``otel_verl.clock.epoch_ns_since``
+    of a monotonic start, the spans last what the stage took even across a clock jump."""
     rt = _core.state()
     if rt is None or _skip_validation(validate):
         return

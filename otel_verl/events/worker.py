@@ -4,13 +4,13 @@ observations, tool calls, reward)."""
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from otel_verl import carriers, health, semconv as sc
+from otel_verl.clock import AnchoredClock
 from otel_verl.ids import id_str
 from otel_verl.legacy import TextCodec, TrajectoryData, TurnData, kept_ids, kept_prompt, text_codec, token_list
 from otel_verl.semconv import Subject
@@ -81,7 +81,8 @@ def trajectory(
             parent_ctx = _sample_root_context(uid_s)
         codec = text_codec(tokenizer) if tokenizer is not None else (
             TextCodec(decode, encode) if decode is not None or encode is not None else None)
-        data = TrajectoryData(uid_s, traj_s, int(step), n_samples, agent_name, time.time(), trainer_api,
+        clock = AnchoredClock()  # the trajectory's timestamps: their differences are durations
+        data = TrajectoryData(uid_s, traj_s, int(step), n_samples, agent_name, clock.now(), trainer_api,
                               codec=codec)
         sample_attributes = {sc.UID: uid_s, sc.TRAJ_UID: traj_s, sc.GLOBAL_STEP: int(step)}
         conversation_id = f"{uid_s}/{traj_s}"
@@ -99,7 +100,7 @@ def trajectory(
         span = _start(sc.agent_span_name(agent_name), Subject.TRAJECTORY, parent_ctx, attrs, data=data)
         if span is None:  # (counted)
             return _UNTRACED
-        return _TrajectoryScope(span, data, worker_index, sample_attributes, conversation_id)
+        return _TrajectoryScope(span, data, worker_index, sample_attributes, conversation_id, clock)
     except Exception as exc:  # tracing failed: run untraced
         health.record_failure("events.trajectory", exc)
         return _UNTRACED
@@ -121,9 +122,11 @@ class _TrajectoryScope(SpanScope):
     key = _TRAJ_KEY
 
     def __init__(self, span: Any, data: TrajectoryData, worker_index: Optional[int],
-                 sample_attributes: Dict[str, Any], conversation_id: str = "") -> None:
+                 sample_attributes: Dict[str, Any], conversation_id: str = "",
+                 clock: Optional[AnchoredClock] = None) -> None:
         super().__init__(span)
         self.data = data
+        self.clock = clock if clock is not None else AnchoredClock()
         self.agent_loop_class: Optional[str] = None
         self.worker_index = worker_index
         self.sample_attributes = sample_attributes  # uid, traj_uid, step: on every span inside it
@@ -147,7 +150,7 @@ class _TrajectoryScope(SpanScope):
 
     def _ending(self, error: Optional[BaseException]) -> None:
         data = self.data
-        data.completed_at = time.time()
+        data.completed_at = self.clock.now()
         if data.reward_score is not None:
             self.span.set_attribute(sc.REWARD_SCORE, data.reward_score)
         self.span.set_attribute(sc.NUM_TURNS, len(data.turns))
@@ -185,19 +188,20 @@ def agent_run(agent_loop_class: str) -> ContextManager[None]:
         traj.span.set_attribute(sc.AGENT_LOOP_CLASS, agent_loop_class)
     except Exception as exc:
         health.record_failure("events.agent_run", exc)
-    return _AgentRun(traj.data)
+    return _AgentRun(traj.data, traj.clock)
 
 
 class _AgentRun:
-    def __init__(self, data: TrajectoryData) -> None:
+    def __init__(self, data: TrajectoryData, clock: AnchoredClock) -> None:
         self._data = data
+        self._clock = clock
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if exc_type is None:
-            self._data.run_completed_ns = _core._now_ns()
+            self._data.run_completed_ns = self._clock.now_ns()
         return False
 
 
@@ -291,10 +295,11 @@ class Turn(_EngineRequest):
 
     def __init__(self, span: Any, data: Optional[TurnData], traj_data: Optional[TrajectoryData] = None,
                  sample_attributes: Optional[Dict[str, Any]] = None,
-                 traj_versions: Optional[List[int]] = None) -> None:
+                 traj_versions: Optional[List[int]] = None, clock: Optional[AnchoredClock] = None) -> None:
         super().__init__(span)
         self.data = data
         self._traj_data = traj_data
+        self._clock = clock if clock is not None else AnchoredClock()  # the trajectory's
         self._sample_attributes = sample_attributes or {}
         self.resumes = False  # generate calls inside this one are its attempts
         self.attempts = 0  # engine requests made for this turn by a resuming client
@@ -321,7 +326,7 @@ class Turn(_EngineRequest):
     def _ended(self, error: Optional[BaseException]) -> None:
         data = self.data
         if data is not None and not data.end_ts:
-            data.end_ts = time.time()
+            data.end_ts = self._clock.now()
 
     def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
                  server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
@@ -336,7 +341,7 @@ class Turn(_EngineRequest):
             if not self.attempts:
                 self.served_by(version)
         _set_version_range(self.span, self.weight_versions if self.attempts else [])
-        data.end_ts = time.time()
+        data.end_ts = self._clock.now()
         kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
         data.completion_token_count = output_tokens
         reason = data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
@@ -410,7 +415,7 @@ class _CapturingTurn(Turn):
     the whole prompt (the turn's data keeps only the part the outputs read)."""
 
     def __init__(self, span: Any, data: TurnData, traj: "_TrajectoryScope", prompt: Any, messages: Any) -> None:
-        super().__init__(span, data, traj.data, traj.sample_attributes, traj.weight_versions)
+        super().__init__(span, data, traj.data, traj.sample_attributes, traj.weight_versions, traj.clock)
         self._traj = traj
         self._prompt = prompt
         self._messages = messages  # (list, count) or None
@@ -482,7 +487,7 @@ def llm_call(
         return _UNTRACED_TURN
     try:
         turns = traj.data.turns
-        data = TurnData(kept_prompt(prompt_ids, turns[-1] if turns else None), time.time(), len(prompt_ids))
+        data = TurnData(kept_prompt(prompt_ids, turns[-1] if turns else None), traj.clock.now(), len(prompt_ids))
         operation, model = _text(operation), _text(model) if model else None
         attrs: Dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
@@ -513,7 +518,7 @@ def llm_call(
         messages, traj.next_messages = traj.next_messages, None  # for this call only
         turn: Turn = _CapturingTurn(span, data, traj, prompt_ids, messages)
     else:
-        turn = Turn(span, data, traj.data, traj.sample_attributes, traj.weight_versions)
+        turn = Turn(span, data, traj.data, traj.sample_attributes, traj.weight_versions, traj.clock)
     turn.resumes = resumes
     return turn
 
@@ -558,7 +563,7 @@ def observation(texts: Sequence[str]) -> None:
     last = traj.data.turns[-1]
     last.observation_text = "\n".join(texts)
     last.observation_start_ts = last.end_ts or None
-    last.observation_end_ts = time.time()
+    last.observation_end_ts = traj.clock.now()
 
 
 class ToolCall(SpanScope):
@@ -640,7 +645,8 @@ class RewardHandle(SpanScope):
     def _ended(self, error: Optional[BaseException]) -> None:
         # with or without its span (none when no output reads it): the CSV's reward row
         if self.scored is not None:
-            self.traj.data.reward_row = (getattr(self.span, "end_time", None) or _core._now_ns(), self.scored)
+            ended_ns = getattr(self.span, "end_time", None) or self.traj.clock.now_ns()
+            self.traj.data.reward_row = (ended_ns, self.scored)
 
 
 _NO_REWARD = contextlib.nullcontext(RewardHandle(None, None))  # outside a traced trajectory

@@ -8,10 +8,9 @@ ended by ``Tracking.log``, which is also where the step ends).
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Callable, Iterator, List, NamedTuple, Optional
 
-from otel_verl import events, health
+from otel_verl import clock, events, health
 from otel_verl.deadline import Deadline
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation.hooks import Hook
@@ -201,14 +200,15 @@ def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., A
     def wrapper(wrapped, instance, args, kwargs):
         if events.is_validating() or current.name != trainer_name:
             return wrapped(*args, **kwargs)
-        start_ns = time.time_ns()
+        started = clock.monotonic_ns()
         result = wrapped(*args, **kwargs)
         try:
             rows = ids_of(wrapped, instance, args, kwargs, result)
             if rows is not None:
                 step = current.global_step()
-                events.sample_stage_done(stage, rows.uids, rows.traj_uids, step=step, start_ns=start_ns,
-                                         trainer=trainer_name)
+                # the start on the system clock as it reads now: the duration is true across a jump
+                events.sample_stage_done(stage, rows.uids, rows.traj_uids, step=step,
+                                         start_ns=clock.epoch_ns_since(started), trainer=trainer_name)
                 if finishes:
                     events.samples_finished(rows.uids, Outcome.TRAINED, trained_step=step,
                                             oldest_versions=rows.oldest_versions)

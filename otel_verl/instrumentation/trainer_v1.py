@@ -21,10 +21,9 @@ of fit (each ends with an outcome saying which; the open set is bounded).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator, List, Tuple
 
-from otel_verl import carriers, events, health
+from otel_verl import carriers, clock, events, health
 from otel_verl.ids import id_list
 from otel_verl.instrumentation import _trainer
 from otel_verl.instrumentation._args import arguments
@@ -206,7 +205,7 @@ def _sample(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     fetch = events.stage_begin(Stage.FETCH_BATCH, step=_trainer.current.global_step(), trainer=TRAINER,
                                layout=_trainer.current.layout) if _disaggregated() else None
-    start_ns = time.time_ns()
+    started = clock.monotonic_ns()
     try:
         result = wrapped(*args, **kwargs)
     except BaseException as exc:
@@ -215,7 +214,7 @@ def _sample(wrapped, instance, args, kwargs):
         raise
     if fetch is not None:
         fetch.end()
-    _sampled(result, start_ns)
+    _sampled(result, clock.epoch_ns_since(started))  # its duration true across a jump of the system clock
     return result
 
 
