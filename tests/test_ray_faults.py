@@ -15,8 +15,14 @@ does with otel_verl's settings and with SIGTERM.
   shutdown, the loss file is final and counts whatever could not be sent (to a
   collector that never answers: every span), and the process exits, never aborts.
 
-Each test starts one Ray cluster, from a driver in a fresh interpreter, in a Ray temp
-dir of its own: only that run's session logs are searched.
+- A rollout worker's export process outlives the worker, which Ray ends by ``ray.kill``,
+  at the job's end or by SIGTERM (Ray SIGKILLs a worker's children as it exits, and its
+  process group): it writes every span it was sent, counts the ones the worker had queued
+  and not sent, finishes its outputs (a final loss file) and exits by itself.
+
+Each credentials and SIGTERM test starts one Ray cluster, from a driver in a fresh
+interpreter, in a Ray temp dir of its own: only that run's session logs are searched. The
+export-process tests share one cluster (``ray_cluster``), each its own job.
 """
 
 from __future__ import annotations
@@ -288,3 +294,166 @@ def test_sigterm_to_a_ray_driver_writes_or_counts_what_ended_and_exits(tmp_path,
     losses = loss_file_of(trace, proc.pid)
     assert losses["final"], losses
     assert losses["dropped"] == ({"otlp": len(spans)} if collector else {}), losses
+
+
+# --------------------------------------------------------------------------- the export process outlives its worker
+
+EXPORT_SHUTDOWN_TIMEOUT_S = 4
+N_UIDS, N_TRAJ = 3, 4
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Dict[str, str]]:
+    """One local Ray cluster for the module's jobs: a process that started it holds it
+    until its stdin ends. Yields the environment a driver connects with."""
+    temp_dir = tempfile.mkdtemp(prefix="otel-verl-ray-", dir="/tmp")  # short: Ray's socket paths
+    holder = w.popen_python("""
+        import os, sys, ray
+        context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                           _temp_dir=os.environ["RAY_TEMP_DIR"])
+        print("ADDRESS", context.address_info["gcs_address"], flush=True)
+        sys.stdin.read()
+        ray.shutdown()
+    """, {**RAY_ENV, "RAY_TEMP_DIR": temp_dir}, stdin=subprocess.PIPE)
+    try:
+        line = holder.stdout.readline().split()
+        assert line[:1] == ["ADDRESS"], holder.stderr.read()[-4000:]
+        yield {**RAY_ENV, "RAY_ADDRESS": line[1]}
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(60)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# A job whose rollout worker, an async actor as verl's AgentLoopWorker (tracing configured
+# on its event loop's thread, where no SIGTERM handler can be set), traces two steps,
+# offloaded, into the trace dir: the first flushed (its export process runs), then, right
+# after the second step's last span ended: ray.kill of the actor, the job's end (the driver
+# exits), or SIGTERM to the worker.
+_OUTLIVED_JOB = """
+    import os, signal, sys, time, ray
+    ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    class RolloutWorker:
+        async def step(self, step):
+            import otel_verl, fault_workload as w
+
+            if step == 1:
+                assert otel_verl.configure(role="agent_loop_worker")
+            w.emit(step, [f"u{step}-{i}" for i in range(N_UIDS)], N_TRAJ, fit=step == 1)
+            if step == 1:
+                assert otel_verl.flush(60)
+            return os.getpid()
+
+    env_vars = {k: v for k, v in os.environ.items() if k.startswith(("VERL_", "OTEL_"))}
+    worker = RolloutWorker.options(runtime_env={"env_vars": env_vars}).remote()
+    ray.get(worker.step.remote(1))
+    pid = ray.get(worker.step.remote(2))
+    print("WORKER", pid, flush=True)
+    end = os.environ["END"]
+    if end == "ray.kill":
+        ray.kill(worker)
+    elif end == "sigterm":
+        os.kill(pid, signal.SIGTERM)
+    else:  # the job ends
+        sys.exit(0)
+    time.sleep(600)
+""".replace("N_UIDS", str(N_UIDS)).replace("N_TRAJ", str(N_TRAJ))
+
+
+def export_processes_of(pid: int) -> List[int]:
+    """The export processes serving process ``pid`` (started with ``--served-pid PID``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"otel_verl.offload.host" in args and f"--served-pid\0{pid}\0".encode() in b"\0".join(args) + b"\0":
+                found.append(int(entry))
+    return found
+
+
+def loss_files_of(trace, pid: int) -> List[Dict[str, Any]]:
+    files = []
+    for path in glob.glob(os.path.join(str(trace), "losses", "*.json")):
+        with open(path, encoding="utf-8") as f:
+            files.append(json.load(f))
+    return [f for f in files if f["pid"] == pid]
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("end, collector", [("ray.kill", None), ("job end", None), ("sigterm", None),
+                                            ("sigterm", "silent")])
+def test_a_workers_export_process_outlives_it_and_writes_or_counts_every_span(tmp_path, ray_cluster, end, collector):
+    """Ray SIGKILLs a worker's children as the worker exits, and its process group: the
+    export process, neither, writes what it was sent, counts what the worker had queued
+    and not sent, finishes its outputs with a final loss file, and exits by itself."""
+    trace = tmp_path / "trace"
+    env = {**ray_cluster, "VERL_TRACE_DIR": str(trace), "OTEL_VERL_OFFLOAD": "1", "OTEL_VERL_OTLP_FILE": "1",
+           "OTEL_VERL_SHUTDOWN_TIMEOUT_S": str(EXPORT_SHUTDOWN_TIMEOUT_S), "END": end}
+    with contextlib.ExitStack() as stack:
+        if collector:  # the export process's shutdown then takes its whole deadline
+            port = stack.enter_context(w.fault_server(collector))
+            env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+        worker = _run_outlived_job(env)
+
+    losses = loss_files_of(trace, worker)
+    assert losses and any(f["final"] for f in losses), losses  # the export process finished its outputs
+    dropped: Dict[str, int] = {}
+    for f in losses:
+        for name, n in f["dropped"].items():
+            dropped[name] = dropped.get(name, 0) + n
+    first, second = w.expected(N_UIDS, N_TRAJ), w.expected(N_UIDS, N_TRAJ, fit=False)
+    produced, lines = {key: first[key] + second[key] for key in first}, w.file_lines(str(trace))
+    spans = w.otlp_spans(lines["otlp"])
+    assert {int(s["resource"]["process.pid"]) for s in spans} <= {worker}
+    # every span written or counted, the spans the worker queued and never sent included
+    assert len(spans) + dropped.get("otlp_json_file", 0) + dropped.get("offload", 0) == produced["spans"], dropped
+    if end == "sigterm":  # its shutdown sent everything: written, not counted (but by a collector that never answers)
+        assert {name: n for name, n in dropped.items() if name != "otlp"} == {}, dropped
+    if not dropped.get("offload"):  # every span reached the export process: every row and line too
+        assert len(lines["csv"]) + dropped.get("sample_csv", 0) == produced["csv_rows"]
+        assert len(lines["progress"]) + dropped.get("progress_log", 0) == produced["progress_lines"]
+        assert len(lines["jsonl"]) + dropped.get("trajectory_jsonl", 0) == produced["jsonl_lines"]
+    else:  # the spans counted lost are the legacy files' only gap
+        assert len(lines["csv"]) < produced["csv_rows"] or len(lines["progress"]) < produced["progress_lines"]
+
+
+def _run_outlived_job(env: Dict[str, str]) -> int:
+    """Runs the job until its worker and that worker's export process are gone; the worker's pid."""
+    driver = w.popen_python(_OUTLIVED_JOB, env)
+    try:
+        line = driver.stdout.readline().split()
+        assert line[:1] == ["WORKER"], driver.stderr.read()[-6000:]
+        worker = int(line[1])
+        deadline = time.monotonic() + 60
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(worker), "the worker was not ended"
+        gone_at = time.monotonic()
+        while export_processes_of(worker) and time.monotonic() < gone_at + EXPORT_SHUTDOWN_TIMEOUT_S + 10:
+            time.sleep(0.1)
+        assert not export_processes_of(worker), "the export process did not exit by itself"
+        return worker
+    finally:
+        driver.kill()
+        driver.wait(30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -22,13 +22,17 @@ Losses are counted in spans (a span's end; a start alone is not a span), never s
 spans beyond ``max_pending`` queued (the export process cannot keep up), spans an export
 process died with unacknowledged (a span it wrote in its last second may be counted too),
 spans never sent because no export process could run, and whatever the export process
-itself counted (its counters come back with every flush answer and at its exit).
+itself counted (its counters come back with every flush answer and at its exit). Should
+this process die (SIGKILL: Ray ends its actors so), the export process, which outlives it
+(:mod:`otel_verl.offload.host`), writes what it was sent and counts the span ends queued
+here and never sent: every end queued sets a :class:`~wire.SharedCount` it reads.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -123,7 +127,10 @@ class OffloadSpanProcessor(SpanProcessor):
             if accepted:
                 self._pending.append((kind, span, payload, start_attributes, size))
                 self._pending_bytes += size
-                self._queued_ends += kind is ENDED
+                if kind is ENDED:
+                    self._queued_ends += 1
+                    if self._queued_count is not None:  # for the export process, should this process die
+                        self._queued_count.cell[0] = self._queued_ends
                 if len(self._pending) >= self.max_batch and not self._wake.is_set():
                     self._wake.set()
                 return
@@ -222,6 +229,11 @@ class OffloadSpanProcessor(SpanProcessor):
         self._why_stopped = ""
         self._restarts: deque = deque()  # when each restart of the last minute happened
         self._child: Optional[ExportProcess] = None
+        self._queued_count: Optional[wire.SharedCount] = None
+        try:
+            self._queued_count = wire.SharedCount.create()
+        except Exception as exc:  # an export process then counts only what it was told of
+            health.record_failure("offload.queued_count", exc)
         self._forget_shared()
         self._sender = threading.Thread(target=self._send_loop, name="otel-verl-offload", daemon=True)
         try:
@@ -234,20 +246,27 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def _spawn(self) -> "ExportProcess":
         reply_read, reply_write = os.pipe()
+        with self._queue_lock:  # what is queued now goes to this export process, and all later
+            sent_before = self._queued_ends - sum(entry[0] is ENDED for entry in self._pending)
+        command = [sys.executable, "-m", "otel_verl.offload.host", str(reply_write), "--detach",
+                   "--served-pid", str(os.getpid()), "--queued-base", str(sent_before)]
+        fds = [reply_write]
+        if self._queued_count is not None:
+            command += ["--queued-fd", str(self._queued_count.fd)]
+            fds.append(self._queued_count.fd)
         try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "otel_verl.offload.host", str(reply_write)],
-                stdin=subprocess.PIPE, pass_fds=(reply_write,), close_fds=True,
-                # A signal to this process's group (Ray stopping a worker, Ctrl-C) must not
-                # end the export process before it got this process's last spans: it ends
-                # when its stdin does, within its own shutdown deadline.
-                start_new_session=True,
-            )
+            # The process started forks the export process and exits (--detach): no child
+            # of this process, which Ray kills with its worker, and in a session of its own,
+            # out of reach of signals to this process's group (Ray stopping a worker,
+            # Ctrl-C). It ends when its stdin does, or this process, within its own deadline.
+            launcher = subprocess.Popen(command, stdin=subprocess.PIPE, pass_fds=fds, close_fds=True,
+                                        start_new_session=True)
         except BaseException:
             os.close(reply_read)
             raise
         finally:
             os.close(reply_write)
+        process = DetachedProcess(launcher)
         child = ExportProcess(process, os.fdopen(reply_read, "rb"))
         threading.Thread(target=self._read_replies, args=(child,), name="otel-verl-offload-replies",
                          daemon=True).start()
@@ -508,6 +527,9 @@ class OffloadSpanProcessor(SpanProcessor):
 
     def _read_replies(self, child: "ExportProcess") -> None:
         hello = child.read()
+        if isinstance(hello, wire.Detached):
+            child.process.attach(hello.pid)
+            hello = child.read()
         if isinstance(hello, wire.Hello) and hello.version == wire.VERSION:
             child.speaks_our_version = True
         elif hello is not None:
@@ -595,7 +617,7 @@ class OffloadSpanProcessor(SpanProcessor):
 class ExportProcess:
     """One export process: its pipes, and the span ends it was sent and acknowledged."""
 
-    def __init__(self, process: subprocess.Popen, replies: Any) -> None:
+    def __init__(self, process: "DetachedProcess", replies: Any) -> None:
         self.process = process
         self.replies = replies
         self.hello = threading.Event()  # its Hello came, or its replies ended without one
@@ -660,12 +682,104 @@ class ExportProcess:
         status = self.process.poll()
         if status is None:
             return "the export process stopped answering"
-        if status < 0:
+        if self.process.pid is None:
+            return f"the export process could not start (exit status {status})"
+        return "the export process exited" if self.finished else "the export process died"
+
+
+class DetachedProcess:
+    """An export process as :class:`subprocess.Popen` would show it (``pid``, ``stdin``,
+    ``poll``, ``wait``, ``kill``), though it is no child of this process: ``launcher``, the
+    process started, forks it and exits, and its pid comes on the reply pipe
+    (:meth:`attach`). Watched by a pidfd where Linux has them (no pid reuse to fear), else
+    by its pid. Its exit status is not this process's to know: :meth:`poll` says
+    :data:`EXITED` once it is gone."""
+
+    EXITED = 0
+
+    def __init__(self, launcher: subprocess.Popen) -> None:
+        self.launcher = launcher
+        self.stdin = launcher.stdin
+        self.pid: Optional[int] = None
+        self._pidfd: Optional[int] = None
+        self._gone = False
+        self._kill_when_known = False
+        self._lock = threading.Lock()
+
+    def attach(self, pid: int) -> None:
+        """The export process's pid, as its launcher said."""
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
             try:
-                return f"the export process was killed by {signal.Signals(-status).name}"
-            except ValueError:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._gone = True
+            except OSError:
                 pass
-        return f"the export process exited with status {status}"
+        with self._lock:
+            self.pid, self._pidfd, kill = pid, pidfd, self._kill_when_known
+        try:
+            self.launcher.wait(GRACE_S)  # it exits as it sent the pid; reaped
+        except subprocess.TimeoutExpired:
+            pass
+        if kill:
+            self.kill()
+
+    def poll(self) -> Optional[int]:
+        if self.pid is None:
+            status = self.launcher.poll()
+            return status or None  # 0: it started the export process, whose pid is on its way
+        if not self._gone:
+            if self._pidfd is not None:
+                self._gone = bool(select.select([self._pidfd], [], [], 0)[0])
+            else:
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    self._gone = True
+                except OSError:
+                    pass
+        return self.EXITED if self._gone else None
+
+    def __del__(self) -> None:
+        if self._pidfd is not None:
+            try:
+                os.close(self._pidfd)
+            except OSError:
+                pass
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.poll()
+            if status is not None:
+                return status
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.launcher.args, timeout)
+            if self._pidfd is not None:
+                select.select([self._pidfd], [], [], left)
+            else:
+                time.sleep(0.01 if left is None else min(0.01, left))
+
+    def kill(self) -> None:
+        with self._lock:
+            pid, pidfd = self.pid, self._pidfd
+            if pid is None:  # killed once its launcher says who it is
+                self._kill_when_known = True
+        if pid is None:
+            try:
+                self.launcher.kill()
+            except OSError:
+                pass
+            return
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            elif not self._gone:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
 
 
 class WireVersionError(Exception):

@@ -21,8 +21,13 @@ Traced process -> export process (its stdin):
   not sent (the last :class:`Spans` says how many it had queued) are counted lost by the
   export process, which goes on to finish its outputs.
 
-Export process -> traced process (the reply pipe): :class:`Hello` first, then a
+Export process -> traced process (the reply pipe): :class:`Detached` first (from the
+process that started it, see :mod:`otel_verl.offload.host`), :class:`Hello`, then a
 :class:`Flushed` per :class:`Flush`, in order, and one with ``seq`` :data:`FINAL` at exit.
+
+Beside the pipes, a :class:`SharedCount` says how many span ends the traced process had
+queued so far, kept current with every end: the export process reads it when the traced
+process died, to count the ends queued after its last message.
 
 Each end checks the other's :class:`Hello`: on a different :data:`VERSION` the export
 process exits without reading further, and the traced process counts every span it
@@ -43,8 +48,11 @@ what that data names to be sent once (a tokenizer does not pickle cheaply) goes 
 from __future__ import annotations
 
 import dataclasses
+import mmap
+import os
 import pickle
 import struct
+import tempfile
 from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from opentelemetry.sdk.resources import Resource
@@ -54,7 +62,7 @@ from opentelemetry.trace import SpanKind, StatusCode, TraceState
 from otel_verl.payload import Payload
 from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable, link_record
 
-VERSION = 4  # of this wire format: a change to any message below needs a new one
+VERSION = 5  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
 UNSENDABLE = -1  # the id of a shared object that could not be pickled
 OFFLOAD_OUTPUT = "offload"  # the health counters' name for spans the export process never got
@@ -73,6 +81,13 @@ class HostConfig:
     resource_attributes: Dict[str, Any]
     resource_schema_url: str
     pid: int  # the served process: files are named after it
+
+
+class Detached(NamedTuple):
+    """The first answer, from the process that started the export process and went:
+    the export process's pid (it is no child of the traced process)."""
+
+    pid: int
 
 
 class Hello(NamedTuple):
@@ -166,6 +181,35 @@ class Spans(NamedTuple):
 
 def _spans_from_tuples(spans: List[tuple], queued: int) -> Spans:
     return Spans(list(map(SpanSnapshot._make, spans)), queued)
+
+
+class SharedCount:
+    """One count in memory both processes map (a ``memfd``, else an unlinked file):
+    the traced process sets it, the export process reads it, also after the traced
+    process died. ``fd`` goes to the export process (``pass_fds``)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map = mmap.mmap(fd, 8)
+        self.cell = memoryview(self._map).cast("Q")  # cell[0]: the count, set in one store
+
+    @classmethod
+    def create(cls) -> "SharedCount":
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("otel-verl-queued-ends", os.MFD_CLOEXEC)
+        else:
+            fd, path = tempfile.mkstemp(prefix="otel-verl-queued-ends-")
+            os.unlink(path)
+        try:
+            os.ftruncate(fd, 8)
+            return cls(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @property
+    def value(self) -> int:
+        return self.cell[0]
 
 
 # --------------------------------------------------------------------------- frames
