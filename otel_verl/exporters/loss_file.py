@@ -3,14 +3,20 @@
 Metrics carry the counters too, but only as often as they are collected and only where
 metrics go; a process killed between collections takes its last counts with it, and a
 rollout worker's counts of its last seconds reached only its log. :class:`LossFileProcessor`
-keeps ``{trace_dir}/losses/losses-{host}-pid{pid}.json`` current: rewritten (a new file
-renamed over the old one, so a reader never sees half of it) at most every
+keeps ``{trace_dir}/losses/losses-{host}-pid{pid}-start{ticks}.json`` current: rewritten (a
+new file renamed over the old one, so a reader never sees half of it) at most every
 ``interval_s`` while the counters change, and a last time when the outputs shut down,
 after every other output counted its losses (``finish_order``); a flush writes it after
-the other outputs' flushes too, so that it says what they still hold after them. In an
-export process the file is the served process's (its pid), with that process's own
-counters as of its last message and what the export process counted, so it survives the
-served process.
+the other outputs' flushes too, so that it says what they still hold after them. Once
+written final, it stays final, and a count that comes later (an export that returns
+after the deadline) is written into it within ``interval_s``. In an export process the
+file is the served process's (its pid), with that process's own counters as of its last
+message and what the export process counted, so it survives the served process.
+
+``ticks`` is when the process started (``/proc/{pid}/stat``, clock ticks since boot), read
+alike by the process and its export process: a later process given the same pid (a
+restarted container) writes a file of its own. Where there is no ``/proc`` the name ends
+at the pid.
 ``otel-verl report`` sums the files of a run.
 
 A file holds ``{"pid", "host", "resource", "final", "time_unix_nano", "dropped",
@@ -56,8 +62,11 @@ class LossFileProcessor(SpanProcessor):
         self.interval_s = interval_s
         self._host = socket.gethostname()
         self._written: Any = None  # the counters last written
+        self._final = False  # written final: later writes keep it so
+        # pid -> file name, read while the process runs (an export process may outlive it)
+        self._names: Dict[int, str] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        _ = self.path
         self._start_thread()
         forks.in_child(self._after_fork_in_child)
 
@@ -66,7 +75,11 @@ class LossFileProcessor(SpanProcessor):
 
     @property
     def path(self) -> str:
-        return os.path.join(self.directory, f"losses-{self._host}-pid{output_pid()}.json")
+        pid = output_pid()
+        name = self._names.get(pid)
+        if name is None:
+            name = self._names[pid] = file_name(self._host, pid)
+        return os.path.join(self.directory, name)
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         pass
@@ -82,16 +95,19 @@ class LossFileProcessor(SpanProcessor):
         return lambda timeout_s=None: self.write(final=False)
 
     def shutdown(self) -> None:
-        self._stop.set()
         self.write(final=True)
 
     def write(self, final: bool) -> bool:
-        """Writes the counters when they changed since the last write (or ``final``)."""
-        counts = health.totals()
-        notes = health.notes()
-        pending = {} if final else self._pending()
+        """Writes the counters when they changed since the last write (or ``final``). After
+        the final write every write is final (a flush's, the thread's): the outputs are
+        shut down, and a count they make later belongs in the file as it is."""
         with self._lock:
-            if not final and (counts, notes, pending) == self._written:
+            final = final or self._final
+            # read under the lock: a write that read them earlier never lands after a later one
+            counts = health.totals()
+            notes = health.notes()
+            pending = {} if final else self._pending()
+            if (counts, notes, pending) == self._written and (self._final or not final):
                 return True
             try:
                 make_dirs(self.directory)
@@ -107,6 +123,7 @@ class LossFileProcessor(SpanProcessor):
             except OSError:  # the files' own writers count what the disk refused
                 return False
             self._written = (counts, notes, pending)
+            self._final = final
         return True
 
     def _pending(self) -> Dict[str, int]:
@@ -121,12 +138,29 @@ class LossFileProcessor(SpanProcessor):
         return out
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:  # after the final write too, until the process ends: a late count gets written
+            time.sleep(self.interval_s)
             self.write(final=False)
 
     def _after_fork_in_child(self) -> None:
         self._written = None  # the child's counters start afresh, in a file of its own
         self._lock = threading.Lock()
-        if not self._stop.is_set():
-            self._start_thread()
+        self._start_thread()
+
+
+def file_name(host: str, pid: int) -> str:
+    """The loss file's name for process ``pid`` on ``host``: its pid and start time."""
+    start = process_start_ticks(pid)
+    return f"losses-{host}-pid{pid}.json" if start is None else f"losses-{host}-pid{pid}-start{start}.json"
+
+
+def process_start_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/{pid}/stat``'s
+    22nd field); ``None`` without ``/proc`` or without that process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # the command name (field 2) may hold spaces and parentheses: fields after its last ")"
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 

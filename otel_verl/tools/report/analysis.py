@@ -245,13 +245,19 @@ def _loss_counters(inputs: Inputs) -> Tuple[Optional[Dict[str, Dict[str, int]]],
     """otel_verl's loss counters from each process's loss file, else from the metric files
     (``None`` without either), and a line saying what they are."""
     if inputs.loss_files:
-        counts, processes, unfinished = read_loss_files(inputs.loss_files)
-        recorded = {kind: dict(sorted((name, n) for name, n in named.items() if n)) for kind, named in counts.items()
-                    if kind != "unsent" or any(named.values())}
-        source = f"the loss files of {processes} process{'es' if processes != 1 else ''}"
-        if unfinished:
-            source += (f"; {unfinished} did not shut down (killed, or still running): their counts as of "
-                       "their last second, and unsent what their outputs still held then")
+        files = read_loss_files(inputs.loss_files)
+        recorded = {kind: dict(sorted((name, n) for name, n in named.items() if n))
+                    for kind, named in files.counts.items() if kind != "unsent" or any(named.values())}
+        source = f"the loss files of {files.processes} process{'es' if files.processes != 1 else ''}"
+        if files.not_shut_down:
+            # a process killed with nothing unwritten lost nothing it held: no failure to report
+            source += (f"; {files.not_shut_down} ended without a shutdown (killed, as Ray ends its actors at the end "
+                       "of a run, or still running)")
+            if files.holding:
+                source += (f": unsent, what {files.holding} of them still held at their last write, within about "
+                           "a second of their end; lost if killed")
+            else:
+                source += ", holding nothing unwritten at their last write, within about a second of their end"
     elif inputs.metric_files:
         counters, processes = read_counters(inputs.metric_files, (metric_names.DROPPED, metric_names.FAILURES))
         recorded = {kind: {"/".join(labels): n for labels, n in sorted(counters[name].items()) if n}

@@ -13,7 +13,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Sequence, Tuple
 
 from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
 
@@ -165,14 +165,22 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
     return out
 
 
-def read_loss_files(files: Sequence[str]) -> Tuple[Dict[str, Dict[str, int]], int, int]:
-    """``({"dropped": {...}, "failures": {...}, "unsent": {...}}, processes, processes that
-    did not shut down)`` summed over the loss files of a run. ``unsent``: what the outputs of
-    the processes that did not shut down still held at their last write (a process killed
-    then lost them, uncounted). A file being replaced while it is read (one is written to a
-    temporary name and renamed) counts as unreadable."""
+class LossFiles(NamedTuple):
+    """The loss files of a run, summed."""
+
+    counts: Dict[str, Dict[str, int]]  # {"dropped": {...}, "failures": {...}, "unsent": {...}}
+    processes: int
+    not_shut_down: int  # processes whose file is not final: killed (or still running)
+    holding: int  # of them, those whose outputs still held something at their last write
+
+
+def read_loss_files(files: Sequence[str]) -> LossFiles:
+    """The loss files of a run, summed. ``unsent``: what the outputs of the processes that
+    did not shut down still held at their last write (a process killed then lost them,
+    uncounted). A file being replaced while it is read (one is written to a temporary name
+    and renamed) counts as unreadable."""
     totals: Dict[str, Dict[str, int]] = {"dropped": {}, "failures": {}, "unsent": {}}
-    unfinished = 0
+    not_shut_down = holding = 0
     for path in files:
         try:
             with open(path, encoding="utf-8") as f:
@@ -181,11 +189,12 @@ def read_loss_files(files: Sequence[str]) -> Tuple[Dict[str, Dict[str, int]], in
                       "unsent": {} if obj.get("final") else dict(obj.get("pending") or {})}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             raise InputError(f"{path}: not a loss file ({type(exc).__name__}: {exc})") from None
-        unfinished += not obj.get("final")
+        not_shut_down += not obj.get("final")
+        holding += any(int(n) for n in counts["unsent"].values())
         for kind, named in counts.items():
             for name, n in named.items():
                 totals[kind][name] = totals[kind].get(name, 0) + int(n)
-    return totals, len(files), unfinished
+    return LossFiles(totals, len(files), not_shut_down, holding)
 
 
 def read_counters(files: Sequence[str], names: Sequence[str]) -> Tuple[Dict[str, Dict[Tuple[str, ...], int]], int]:
