@@ -10,11 +10,14 @@ tracing stays off rather than guess. The optional features (content capture, val
 tracing, flow lines, output choices, sizes and timeouts) raise only where the user types
 them (``otel-verl run``/``doctor`` load with ``strict=True``); inside a traced process a
 bad value falls back to that feature's default with one warning per process, and
-tracing as a whole goes on.
+tracing as a whole goes on. So does an ``OTEL_VERL_*`` name that is none of
+otel_verl's (a misspelt setting is ignored): refused where the user types it, a warning
+naming the closest known name elsewhere.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -50,6 +53,20 @@ OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 SDK_DISABLED = "OTEL_SDK_DISABLED"
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 
+OWN_PREFIX = "OTEL_VERL_"
+# otel_verl's variables that the tracing does not read, known so that a misspelt setting is
+# told from them: those of its tools and demo, of the backends it ships
+# (docker-compose.yml, collector-config/) and of its development scripts and tests.
+OTHER_VARIABLES = (
+    "OTEL_VERL_WHEEL_CACHE",  # doctor's sglang/vLLM wheels (tools/engine_wheels.py)
+    "OTEL_VERL_DEMO_CACHE", "OTEL_VERL_DEMO_PROBE_DIR",  # the demo's tiny model, its probe
+    "OTEL_VERL_REPLAY_GLOB",  # collector-config/otelcol-replay.yaml
+    *(f"OTEL_VERL_{port}_PORT" for port in ("OTLP_GRPC", "OTLP_HTTP", "OTELCOL_METRICS", "JAEGER_UI", "TEMPO",
+                                            "PROMETHEUS", "GRAFANA")),  # docker-compose.yml
+    "OTEL_VERL_BIN_CACHE", "OTEL_VERL_BUILD_BINARIES", "OTEL_VERL_BUILD_TIMEOUT", "OTEL_VERL_SRC_CACHE",
+    "OTEL_VERL_GO_BUILD_FLAGS", "OTEL_VERL_MLFLOW_VENV", "OTEL_VERL_TEST_MLFLOW",  # scripts/, tests/
+)
+
 # Variables a worker process needs to trace like the driver does.
 FORWARDED_PREFIXES = ("OTEL_", "OTEL_VERL_")
 FORWARDED_NAMES = (TRACE_DIR, "DLC_JOB_ID")
@@ -68,6 +85,38 @@ DEFAULT_JSONL_MAX_TEXT_CHARS = 1 << 20
 
 class ConfigError(ValueError):
     """A configuration value given by the user is invalid."""
+
+
+class UnknownSetting(ConfigError):
+    """An ``OTEL_VERL_*`` variable that is none of otel_verl's (:func:`known_names`)."""
+
+    def __init__(self, name: str, closest: Optional[str]) -> None:
+        self.name, self.closest = name, closest
+        super().__init__(f"{name} is not a setting of otel_verl" + (f"; did you mean {closest}?" if closest else ""))
+
+
+def known_names() -> frozenset:
+    """Every ``OTEL_VERL_*`` name otel_verl knows: the settings, each defined once as a
+    constant of this module (a new one is known by being defined), and
+    :data:`OTHER_VARIABLES`."""
+    own = re.compile(re.escape(OWN_PREFIX) + r"[A-Z0-9_]+")
+    constants = (value for value in globals().values() if isinstance(value, str) and own.fullmatch(value))
+    return frozenset((*constants, *OTHER_VARIABLES))
+
+
+def unknown_settings(env: Optional[Mapping[str, str]] = None) -> list:
+    """An :class:`UnknownSetting` for each variable of ``env`` named ``OTEL_VERL_*`` (in
+    any case) that otel_verl does not know, with the closest known name where one is close."""
+    env = os.environ if env is None else env
+    known = known_names()
+    by_suffix = {name[len(OWN_PREFIX):]: name for name in known}
+    by_suffix["TRACE_DIR"] = TRACE_DIR  # the legacy switch, the one without the prefix
+    unknown = []
+    for name in sorted(env):
+        if name.upper().startswith(OWN_PREFIX) and name not in known:
+            close = difflib.get_close_matches(name.upper()[len(OWN_PREFIX):], by_suffix, n=1, cutoff=0.75)
+            unknown.append(UnknownSetting(name, by_suffix[close[0]] if close else None))
+    return unknown
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -247,9 +296,14 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
     """Read the settings; ``trace_dir`` given in code wins over ``VERL_TRACE_DIR``.
 
     Bad core switches always raise :class:`ConfigError`; bad optional-feature values
-    raise only with ``strict`` (the CLI, where the user typed them), else they fall back
-    to their default with one warning."""
+    and unknown ``OTEL_VERL_*`` names (:class:`UnknownSetting`) raise only with ``strict``
+    (the CLI, where the user typed them), else they fall back to their default (or are
+    ignored) with one warning."""
     env = os.environ if env is None else env
+    for unknown in unknown_settings(env):
+        if strict:
+            raise unknown
+        _warn_once(unknown.name, None, f"otel_verl: {unknown}; ignored, tracing goes on")
     optional = _Optional(env, strict)
     exporter = env.get(TRACES_EXPORTER, "").strip().lower()
     endpoint = env.get(OTLP_TRACES_ENDPOINT) or env.get(OTLP_ENDPOINT) or None

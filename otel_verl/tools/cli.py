@@ -363,12 +363,15 @@ def _endpoint_check(endpoint: str | None, timeout: float) -> _Check:
 
 def _settings_checks(env: dict) -> tuple:
     """``(checks, settings or None)``: otel_verl's variables and the OTLP protocol."""
-    checks = []
+    unknown = settings.unknown_settings(env)
+    checks = [_Check("settings", "environment", FAIL, str(u), f"rename it to {u.closest}" if u.closest else f"unset {u.name}")
+              for u in unknown]  # each named; the rest is still checked
+    env = {k: v for k, v in env.items() if k not in {u.name for u in unknown}}
     try:
         cfg = settings.load(env, strict=True)
     except settings.ConfigError as exc:
         var = str(exc).split("=", 1)[0]
-        return [_Check("settings", "environment", FAIL, str(exc), f"set {var} to a valid value or unset it")], None
+        return checks + [_Check("settings", "environment", FAIL, str(exc), f"set {var} to a valid value or unset it")], None
     if cfg.otlp_endpoint:
         from otel_verl import bootstrap
 
