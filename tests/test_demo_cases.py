@@ -335,3 +335,60 @@ def test_separation_trainer_traces_each_uid_through_the_workers(separation):
         assert {s["attributes"]["verl.stage"] for s in _children(trace, root, "verl.sample_stage")} == TRAIN_STAGES
     steps = [s for s in spans if s["name"] == "verl.step"]
     assert {s["attributes"]["verl.layout"] for s in steps} == {"disaggregated"} and len(steps) == 2
+
+
+# --------------------------------------------------------------------------- the demo command itself
+
+
+SILENCE_LIMIT_S = 20  # the demo speaks at least every ~15 s (a heartbeat every 10 s); generous on a loaded box
+
+
+def test_the_demo_command_tells_what_it_does_and_names_the_next_commands(tmp_path):
+    """``otel-verl demo`` as README's first command runs it: a line at least every ~15 s
+    (its phases, each step, a heartbeat while a phase is silent), then the summary and the
+    commands to run next, which work on its output as printed."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    from demo_process import REPO
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+    from test_cli import Collector, _span_ids_json, cli
+
+    trace_dir = str(tmp_path / "demo out")  # a space: the printed commands must quote it
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VERL_TRACE"))}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    command = [os.path.join(os.path.dirname(sys.executable), "otel-verl"), "demo", "--trace-dir", trace_dir,
+               "--steps", "2", "--prompts", "2", "--n", "2", "--agent", "single"]
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []  # (seconds since the start, line)
+    for line in proc.stdout:
+        lines.append((time.monotonic() - start, line.rstrip("\n")))
+    output = "\n".join(text for _, text in lines)
+    assert proc.wait() == 0, output[-6000:]
+    times = [0.0, *(t for t, _ in lines)]
+    silences = [b - a for a, b in zip(times, times[1:])]
+    assert max(silences) <= SILENCE_LIMIT_S, (max(silences), output)
+    said = [text for _, text in lines if text.startswith("[demo ")]
+    for phase in ("starting a local Ray cluster", "starting the workers", "training: step 1 of 2",
+                  "step 1 of 2 done", "step 2 of 2 done", "shutdown"):
+        assert any(phase in text for text in said), (phase, output)
+
+    texts = [text for _, text in lines]
+    commands = [shlex.split(text) for text in texts[texts.index("next:") + 1:] if text.startswith("  otel-verl ")]
+    assert [c[1] for c in commands] == ["report", "report", "replay"]
+    report, perfetto, replay = (c[1:] for c in commands)
+    assert report == ["report", trace_dir]
+    assert perfetto == ["report", trace_dir, "--perfetto", os.path.join(trace_dir, "run.pftrace")]
+    result = cli(*report)
+    assert result.exit_code == 0 and "Steps (s)" in result.output, result.output
+    result = cli(*perfetto)
+    assert result.exit_code == 0 and os.path.getsize(os.path.join(trace_dir, "run.pftrace")) > 0, result.output
+    assert replay[:2] == ["replay", trace_dir] and replay[2] == "--endpoint"
+    with Collector() as collector:  # in place of the Jaeger the printed endpoint names
+        result = cli(*replay[:3], collector.url)
+    assert result.exit_code == 0, result.output
+    spans = spans_from_files(os.path.join(trace_dir, "otlp"))
+    assert _span_ids_json(b for _, _, b in collector.requests) == sorted(s["spanId"] for s in spans)

@@ -5,6 +5,9 @@ one run per trainer mode: the trace trees in its OTLP-JSON output and the legacy
 from __future__ import annotations
 
 import collections
+import glob
+import json
+import os
 import re
 
 import pytest
@@ -111,6 +114,54 @@ def test_every_aborted_request_is_an_attempt_of_its_turn(demo):
         assert len(aborted) >= 3
     else:
         assert not aborted and not summary["server"]["aborted"]
+
+
+def test_verl_s_sglang_server_served_every_engine_request_on_a_named_replica(demo):
+    """Every mode runs verl's own SGLangHttpServer over a stand-in engine: each engine request
+    (a turn, or each attempt of a turn verl's client resumed) has its server span, in a
+    server actor's process (its replica), with the engine's queue / prefill / decode split;
+    the report names the replicas and splits each trajectory's LLM time."""
+    from otel_verl.tools.report.analysis import server_split
+    from test_cli import report_json
+
+    mode, trace_dir, summary, spans = demo
+    per_server = summary["server"]["per_server"]
+    assert {s["server_class"] for s in per_server} == {"SGLangHttpServer"}
+    request_name = "verl.llm.attempt" if mode in ASYNC_MODES else "chat "
+    requests = [s for s in spans if s["name"].startswith(request_name)]
+    assert len(requests) >= STEPS * PROMPTS * N * 2
+    replicas, unwritten = set(), 0
+    for request in requests:
+        servers = children(spans, request, "verl.llm_server.generate")
+        if not servers:
+            unwritten += 1
+            continue
+        [server] = servers
+        assert server["resource"]["verl.role"] == "llm_server" and server["kind"] == 2  # SERVER
+        assert server["resource"]["process.pid"] in {s["pid"] for s in per_server}
+        replicas.add(server["resource"]["ray.actor_id"])
+        split = server_split(server)
+        assert None not in split.values(), server["attributes"]
+        assert split["queue"] + split["prefill"] + split["decode"] == pytest.approx(split["e2e"], abs=1e-6)
+    # a server span that ended within a second of the end, when Ray kills the server actors,
+    # may not be written: then its loss file counts it
+    assert unwritten <= _servers_unsent(trace_dir)
+    report = report_json(trace_dir)
+    assert set(report["tail"]["replicas"]) == replicas
+    assert report["slowest_trajectories"]
+    for row in report["slowest_trajectories"]:
+        assert None not in row["llm_server_s"].values(), row
+
+
+def _servers_unsent(trace_dir):
+    """The spans the LLM servers' loss files count dropped or pending in their OTLP-JSON file."""
+    total = 0
+    for path in glob.glob(os.path.join(trace_dir, "losses", "*.json")):
+        with open(path) as f:
+            losses = json.load(f)
+        if losses["resource"].get("verl.role") == "llm_server":
+            total += losses["dropped"].get("otlp_json_file", 0) + losses["pending"].get("otlp_json_file", 0)
+    return total
 
 
 def test_async_modes_train_in_a_later_step_in_the_same_trace(demo):
@@ -252,7 +303,7 @@ def test_trajectory_jsonl_one_line_per_training_trajectory(demo):
     chats = collections.Counter((s["attributes"]["verl.uid"], s["attributes"]["verl.traj_uid"]) for s in spans
                                 if s["name"].startswith("chat "))
     for line in lines:
-        rest = __import__("json").loads(line["raw_message"])
+        rest = json.loads(line["raw_message"])
         assert rest["n_samples"] == N
         assert len(rest["turns"]) == chats[(line["prompt_uid"], str(line["sample_index"]))]
         assert rest["initial_prompt_text"]
@@ -363,6 +414,7 @@ def test_every_span_of_the_run_is_in_its_perfetto_trace(demo, tmp_path):
     _, trace_dir, _, _ = demo
     trace, _ = check_run_in_perfetto(trace_dir, tmp_path / "run.pftrace")
     assert any(t.name.startswith("prompt ") for t in trace.tracks.values())  # v1's prompt tasks
+    assert any(name.startswith("LLM server") for name in trace.processes())
 
 
 def test_replay_sends_every_v1_span(demo):

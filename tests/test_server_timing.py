@@ -88,3 +88,28 @@ def test_a_trajectory_with_one_call_without_metrics_has_no_split_but_its_e2e():
     ]
     server = trajectory_split(spans[0], _Index(spans))["llm_server_s"]
     assert server == {"e2e": 3.0, "queue": None, "prefill": None, "decode": None, "client_overhead": 4.0}
+
+
+def test_a_resumed_call_sums_the_split_of_its_attempts_engine_requests():
+    """verl's resuming client (the v1 async trainers) makes one ``verl.llm.attempt`` per engine
+    request, each with its server span below it: the call's split is theirs, summed."""
+    from otel_verl.tools.report.analysis import _Index, trajectory_split
+
+    def span(span_id, parent, name, attrs, start, end):
+        return {"traceId": "t", "spanId": span_id, "parentSpanId": parent, "name": name, "attributes": attrs,
+                "startTimeUnixNano": int(start * 1e9), "endTimeUnixNano": int(end * 1e9)}
+
+    aborted = {"e2e_latency": 0.5, "request_received_ts": 200.0, "queue_time": 0.0, "prefill_finished_time": 200.25,
+               "request_finished_ts": 200.5}
+    spans = [
+        span("traj", None, "invoke_agent a", {sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT}, 0, 10),
+        span("c1", "traj", "chat", {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT, sc.LLM_ATTEMPTS: 2}, 0, 6),
+        span("a1", "c1", sc.SPAN_LLM_ATTEMPT, {}, 0, 1),
+        span("s1", "a1", sc.SPAN_LLM_SERVER, _server_span(aborted)["attributes"], 0.25, 0.75),
+        span("a2", "c1", sc.SPAN_LLM_ATTEMPT, {}, 2, 6),
+        span("s2", "a2", sc.SPAN_LLM_SERVER, _server_span(WITH_METRICS_0_5_12)["attributes"], 3, 4.5),
+    ]
+    server = trajectory_split(spans[0], _Index(spans))["llm_server_s"]
+    assert server["e2e"] == pytest.approx(2.0) and server["queue"] == pytest.approx(0.125)
+    assert server["prefill"] == pytest.approx(0.25 + 0.375) and server["decode"] == pytest.approx(0.25 + 1.0)
+    assert server["client_overhead"] == pytest.approx(4.0)

@@ -26,4 +26,6 @@ Modules (importing this package imports none of them, nor verl):
 * :mod:`~otel_verl.demo.engine_spans_standin` - the engines' own request spans, shaped as
   sglang and vLLM write them (their tracing, not otel_verl's), for the stand-in engines.
 * :mod:`~otel_verl.demo.probe` - a setup hook that records which Ray processes ran it.
+* :mod:`~otel_verl.demo.progress` - the phases the harness notes in a file and the driver's
+  reporter that prints them, each finished step and a heartbeat (``otel-verl demo``).
 """

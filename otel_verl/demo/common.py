@@ -17,6 +17,7 @@ RESPONSE_LENGTH = 128
 VAL_SIZE = 4
 PROJECT_NAME = "otel_verl_demo"
 SERVER_KINDS = ("standin", "sglang")
+PHASES_FILE = "phases.jsonl"  # what the harness is doing (otel_verl.demo.progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,13 +205,18 @@ def start_ray_and_fit(
     server: str,
     server_kwargs: Dict[str, Any],
     on_fit: Optional[Callable[..., Any]],
+    phase_log: Optional[str] = None,
     fit_kwargs: Optional[Dict[str, Any]] = None,
 ) -> Tuple[Dict[str, Any], bool, float]:
     """Start (or join) the local Ray cluster, then run ``fit`` here or, like verl's
     TaskRunner, inside a ``runner_cls`` actor. Returns (fit result, whether this call
-    started Ray, seconds ``ray.init`` took)."""
+    started Ray, seconds ``ray.init`` took). ``phase_log``: where the phases go
+    (:func:`otel_verl.demo.progress.note_phase`), from here and from ``fit``."""
     import ray
 
+    from otel_verl.demo.progress import note_phase
+
+    note_phase(phase_log, f"starting a local Ray cluster ({num_cpus} CPUs)")
     t = time.time()
     started_ray = init_ray(num_cpus=num_cpus, runtime_env=runtime_env, log_to_driver=log_to_driver)
     ray_init_s = time.time() - t
@@ -222,16 +228,19 @@ def start_ray_and_fit(
         on_ray_init()
     try:
         if trainer_in_actor:
+            note_phase(phase_log, f"Ray is up ({ray_init_s:.0f}s); starting the trainer's actor, as verl's TaskRunner")
             runner = ray.remote(runner_cls).options(num_cpus=0).remote()
             try:
-                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit, **(fit_kwargs or {})))
+                fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit, phase_log,
+                                                       **(fit_kwargs or {})))
             finally:
                 _kill([runner])
         else:
             fit_result = fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit,
-                             **(fit_kwargs or {}))
+                             phase_log=phase_log, **(fit_kwargs or {}))
     finally:
         if started_ray and not keep_ray:
+            note_phase(phase_log, "shutting the local Ray cluster down")
             ray.shutdown()
     return fit_result, started_ray, ray_init_s
 
@@ -281,7 +290,7 @@ def prepare_output_dir(out: str) -> str:
     for sub in ("rollout", "validation", "checkpoints"):
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
     os.makedirs(out, exist_ok=True)
-    for name in ("metrics.jsonl", "tool_calls.jsonl", "summary.json"):
+    for name in ("metrics.jsonl", "tool_calls.jsonl", "summary.json", PHASES_FILE):
         if os.path.exists(os.path.join(out, name)):
             os.remove(os.path.join(out, name))
     return out

@@ -57,10 +57,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from otel_verl.demo.common import (  # noqa: E402,F401  (re-exported: harness.X keeps working)
-    DEFAULT_NUM_CPUS, PROJECT_NAME, PROMPT_LENGTH, RESPONSE_LENGTH, SERVER_KINDS, VAL_SIZE, _kill, _read_jsonl,
+    DEFAULT_NUM_CPUS, PHASES_FILE, PROJECT_NAME, PROMPT_LENGTH, RESPONSE_LENGTH, SERVER_KINDS, VAL_SIZE, _kill, _read_jsonl,
     _server_choice, _set_agent_name, build_config, harness_overrides, init_ray, prepare_inputs, prepare_output_dir,
     ray_runtime_env, start_ray_and_fit, verl_config_dir,
 )
+from otel_verl.demo.progress import note_phase
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,24 +274,28 @@ def build_trainer(config: Any, *, server_cls: Any = None, server_kwargs: Optiona
 # ---------------------------------------------------------------------------------------------
 def _fit(
     config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None,
-    trainer_class: str = "RayPPOTrainer",
+    phase_log: Optional[str] = None, trainer_class: str = "RayPPOTrainer",
 ) -> Dict[str, Any]:
     """Build the trainer, run init_workers and fit, collect what the summary needs. Runs where the trainer lives."""
     timings: Dict[str, float] = {}
+    note_phase(phase_log, f"building verl's {trainer_class}: dataset, tokenizer, config check")
     t = time.time()
     trainer = build_trainer(config, server_cls=_server_choice(server), server_kwargs=server_kwargs, trainer=trainer_class)
     timings["build_trainer_s"] = time.time() - t
     previous = os.environ.get("VERL_FILE_LOGGER_PATH")
     os.environ["VERL_FILE_LOGGER_PATH"] = file_log
     try:
+        note_phase(phase_log, "starting the workers: LLM servers, agent loop workers, reward workers (init_workers)")
         t = time.time()
         trainer.init_workers()
         timings["init_workers_s"] = time.time() - t
         if on_fit is not None:
             on_fit(trainer, "start")
+        note_phase(phase_log, f"training: step 1 of {config.trainer.total_training_steps}")
         t = time.time()
         trainer.fit()
         timings["fit_s"] = time.time() - t
+        note_phase(phase_log, "training done; stopping the workers")
         on_fit_result = on_fit(trainer, "end") if on_fit is not None else None
         result: Dict[str, Any] = {
             "timings": timings,
@@ -317,9 +322,10 @@ class TaskRunnerStandIn:
 
     def run(
         self, config: Any, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None,
-        **fit_kwargs: Any,
+        phase_log: Optional[str] = None, **fit_kwargs: Any,
     ) -> Dict[str, Any]:
-        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit, **fit_kwargs)
+        return _fit(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit,
+                    phase_log=phase_log, **fit_kwargs)
 
 
 def run_v0(
@@ -391,6 +397,8 @@ def run_v0(
     if agent not in ("single", "tool"):
         raise ValueError(f"agent must be 'single' or 'tool', got {agent!r}")
     out = prepare_output_dir(output_dir)
+    phase_log = os.path.join(out, PHASES_FILE)
+    note_phase(phase_log, "preparing the stand-in model, the data and verl's config")
 
     t = time.time()
     model_dir, train_path, val_path, tool_config_path, _tool_log = prepare_inputs(
@@ -409,7 +417,8 @@ def run_v0(
         label="run_v0", config=config, fit=_fit, runner_cls=TaskRunnerStandIn, runtime_env=runtime_env,
         on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
         trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
-        server_kwargs={"latency_s": latency_s}, on_fit=on_fit, fit_kwargs={"trainer_class": trainer_class},
+        server_kwargs={"latency_s": latency_s}, on_fit=on_fit, phase_log=phase_log,
+        fit_kwargs={"trainer_class": trainer_class},
     )
 
     summary = summarize(out, fit_result, agent=agent, steps=steps, prompts=prompts, n=n)

@@ -108,6 +108,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from otel_verl.demo.common import (
     DEFAULT_NUM_CPUS,
+    PHASES_FILE,
     _kill,
     _read_jsonl,
     _server_choice,
@@ -117,6 +118,7 @@ from otel_verl.demo.common import (
     prepare_output_dir,
     start_ray_and_fit,
 )
+from otel_verl.demo.progress import note_phase
 
 MODES = ("sync", "colocate_async", "separate_async")
 TQ_STORAGE_UNITS = 1
@@ -326,7 +328,8 @@ def __getattr__(name: str) -> Any:
 # one run (in the trainer's process): what TaskRunnerV1.run does
 # ---------------------------------------------------------------------------------------------
 def _fit_v1(
-    config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None
+    config: Any, *, server: str, server_kwargs: dict, file_log: str, on_fit: Optional[Callable[[Any, str], Any]] = None,
+    phase_log: Optional[str] = None,
 ) -> Dict[str, Any]:
     import transfer_queue as tq
     from omegaconf import OmegaConf
@@ -342,16 +345,19 @@ def _fit_v1(
 
     previous = os.environ.get("VERL_FILE_LOGGER_PATH")
     os.environ["VERL_FILE_LOGGER_PATH"] = file_log
+    note_phase(phase_log, "starting TransferQueue (controller and storage actors)")
     t = time.time()
     tq.init(config.transfer_queue)
     timings["tq_init_s"] = time.time() - t
     trainer = None
     succeeded = False
     try:
+        note_phase(phase_log, f"building verl's v1 trainer ({mode}) and its workers: LLM servers, reward workers")
         t = time.time()
         trainer = trainer_cls(config=config, server_cls=_server_choice(server), server_kwargs=server_kwargs)
         trainer.init()
         timings["trainer_init_s"] = time.time() - t
+        note_phase(phase_log, "starting the agent loop workers")
         t = time.time()
         manager_class_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
         manager_cls = load_class_from_fqn(manager_class_fqn, "AgentLoopManager") if manager_class_fqn else AgentLoopManagerTQ
@@ -365,9 +371,11 @@ def _fit_v1(
         timings["agent_loop_manager_s"] = time.time() - t
         if on_fit is not None:
             on_fit(trainer, "start")
+        note_phase(phase_log, f"training: step 1 of {config.trainer.total_training_steps}")
         t = time.time()
         trainer.fit(agent_loop_manager)
         timings["fit_s"] = time.time() - t
+        note_phase(phase_log, "training done; stopping the workers")
         succeeded = True
         on_fit_result = on_fit(trainer, "end") if on_fit is not None else None
         wg = trainer.actor_rollout_wg
@@ -404,8 +412,9 @@ class TaskRunnerV1StandIn:
     """Hosts the v1 trainer inside a Ray actor, like verl's ``TaskRunnerV1`` (``trainer_in_actor=True``)."""
 
     def run(self, config: Any, server: str, server_kwargs: dict, file_log: str,
-            on_fit: Optional[Callable[[Any, str], Any]] = None) -> Dict[str, Any]:
-        return _fit_v1(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit)
+            on_fit: Optional[Callable[[Any, str], Any]] = None, phase_log: Optional[str] = None) -> Dict[str, Any]:
+        return _fit_v1(config, server=server, server_kwargs=server_kwargs, file_log=file_log, on_fit=on_fit,
+                       phase_log=phase_log)
 
 
 def run_v1(
@@ -441,10 +450,10 @@ def run_v1(
     updates per step; ``prompts`` must be a multiple, each update samples
     ``prompts / parameter_sync_step`` prompts). ``validate`` defaults to False here (one
     validation pass at the last step when True). The advantage estimator is GRPO (no critic
-    stand-in for v1). ``preempt_every`` (stand-in server only): every k-th engine request
-    is interrupted mid-decode and comes back aborted, so the async modes' resuming client
-    shows its partial rollouts; default 7 in the async modes, 0 (never) in sync, whose
-    plain client does not resume.
+    stand-in for v1). ``preempt_every``: every k-th request of the stand-in engine (either
+    ``server``) is interrupted mid-decode and comes back aborted, so the async modes'
+    resuming client shows its partial rollouts; default 7 in the async modes, 0 (never) in
+    sync, whose plain client does not resume.
     """
     t_start = time.time()
     if mode not in MODES:
@@ -452,6 +461,8 @@ def run_v1(
     if mode == "separate_async" and prompts % parameter_sync_step:
         raise ValueError(f"separate_async: prompts ({prompts}) must be a multiple of parameter_sync_step")
     out = prepare_output_dir(output_dir)
+    phase_log = os.path.join(out, PHASES_FILE)
+    note_phase(phase_log, "preparing the stand-in model, the data and verl's config")
 
     t = time.time()
     model_dir, train_path, val_path, tool_config_path, _tool_log = prepare_inputs(
@@ -473,7 +484,7 @@ def run_v1(
         label="run_v1", config=config, fit=_fit_v1, runner_cls=TaskRunnerV1StandIn, runtime_env=env,
         on_ray_init=on_ray_init, num_cpus=num_cpus, log_to_driver=log_to_driver, keep_ray=keep_ray,
         trainer_in_actor=trainer_in_actor, file_log=os.path.join(out, "metrics.jsonl"), server=server,
-        server_kwargs=_server_kwargs(mode, server, latency_s, preempt_every), on_fit=on_fit,
+        server_kwargs=_server_kwargs(mode, latency_s, preempt_every), on_fit=on_fit, phase_log=phase_log,
     )
 
     summary = summarize_v1(out, fit_result, mode=mode, agent=agent, steps=steps, prompts=prompts, n=n)
@@ -584,11 +595,11 @@ def format_summary(summary: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _server_kwargs(mode: str, server: str, latency_s: float, preempt_every: Optional[int]) -> Dict[str, Any]:
+def _server_kwargs(mode: str, latency_s: float, preempt_every: Optional[int]) -> Dict[str, Any]:
     kwargs: Dict[str, Any] = {"latency_s": latency_s}
     if preempt_every is None:
         preempt_every = 0 if mode == "sync" else DEFAULT_PREEMPT_EVERY
-    if preempt_every and server == "standin":
+    if preempt_every:
         kwargs["preempt_every"] = int(preempt_every)
     return kwargs
 
@@ -609,7 +620,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--server", choices=("standin", "sglang"), default="standin")
     parser.add_argument("--latency", type=float, default=0.05, help="simulated engine latency per request (s)")
     parser.add_argument("--preempt-every", type=int, default=None,
-                        help="stand-in server: abort every k-th request mid-decode (default 7 in async modes, 0: never)")
+                        help="stand-in engine: abort every k-th request mid-decode (default 7 in async modes, 0: never)")
     parser.add_argument("--parameter-sync-step", type=int, default=SEPARATE_PARAMETER_SYNC_STEP)
     parser.add_argument("--trainer-in-actor", action="store_true")
     parser.add_argument("--verbose", action="store_true", help="stream Ray worker logs")

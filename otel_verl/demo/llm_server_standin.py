@@ -214,14 +214,17 @@ def _timing_meta(enable_metrics: bool, received: float, finished: float, *, disp
     return meta
 
 
-def _aborted_output(rid: Any, output_ids: List[int], received_ts: float, enable_metrics: bool) -> Dict[str, Any]:
+def _aborted_output(rid: Any, output_ids: List[int], received_ts: float, enable_metrics: bool,
+                    **stages: Optional[float]) -> Dict[str, Any]:
+    """An aborted request's output; ``stages`` (``_timing_meta``'s keywords) are the
+    timestamps of the stages it went through before the abort."""
     meta_info = {
         "id": rid,
         "finish_reason": {"type": "abort"},
         "prompt_tokens": 0,
         "completion_tokens": len(output_ids),
         "cached_tokens": 0,
-        **_timing_meta(enable_metrics, received_ts, time.time()),
+        **_timing_meta(enable_metrics, received_ts, time.time(), **stages),
     }
     return {"text": "", "output_ids": list(output_ids), "meta_info": meta_info}
 
@@ -329,7 +332,8 @@ class TokenizerManagerStandIn:
                 # for partial rollout
                 done = int(len(output_ids) * min(1.0, (time.time() - prefill_finished_ts) / max(decode_s, 1e-6)))
                 self.stats["aborted"] += 1
-                out = _aborted_output(rid, output_ids[:done], received_ts, self.enable_metrics)
+                out = _aborted_output(rid, output_ids[:done], received_ts, self.enable_metrics, dispatched=dispatched_ts,
+                                      forward_entry=prefill_launch_ts, prefill_finished=prefill_finished_ts)
                 if return_logprob:
                     out["meta_info"]["output_token_logprobs"] = [
                         (self._logprob(t, i), t, None) for i, t in enumerate(output_ids[:done])

@@ -36,9 +36,10 @@ timing in ``meta_info``).
 
 For the harness (``run_v0(server="sglang")``), :func:`sglang_server_standin_class` returns
 ``SGLangHttpServerStandIn``, a subclass of the real ``SGLangHttpServer`` that replaces only
-``__init__`` (the same attribute set-up) and adds the memory-occupation calls the worker-group
-stand-in makes during a weight sync; ``generate``, ``sleep``, ``set_global_steps`` and the
-rest are verl's. The class is built by a function because defining it needs the stand-in
+``__init__`` (the same attribute set-up), lets ``abort_all_requests`` take the
+``reject_request`` keyword verl's ``RolloutReplica`` passes (the v1 async trainers' pause) and
+adds the memory-occupation calls the worker-group stand-in makes during a weight sync;
+``generate``, ``sleep``, ``set_global_steps``, the pause itself and the rest are verl's. The class is built by a function because defining it needs the stand-in
 installed first; it is also reachable as ``otel_verl.demo.sglang_standin.SGLangHttpServerStandIn``
 (module ``__getattr__``), so Ray pickles it by reference and a Ray worker rebuilds it on import.
 
@@ -257,6 +258,7 @@ def init_server_attributes(
     server_port: Optional[int] = None,
     latency_s: float = 0.05,
     per_token_latency_s: float = 0.0005,
+    preempt_every: int = 0,
 ) -> Any:
     """Set, on an ``SGLangHttpServer`` made without ``__init__``, what its methods read (verl 0.9.1)."""
     from verl.workers.rollout.replica import RolloutMode
@@ -295,7 +297,7 @@ def init_server_attributes(
         tokenizer_manager = tokenizer_manager_for(
             server.config, tokenizer, model=str(server.model_config.path),
             latency_s=latency_s, per_token_latency_s=per_token_latency_s,
-            enable_metrics=sglang_enable_metrics(server.config),
+            enable_metrics=sglang_enable_metrics(server.config), preempt_every=preempt_every,
         )
     server.tokenizer_manager = tokenizer_manager
     return server
@@ -362,6 +364,7 @@ def sglang_server_standin_class() -> type:
             latency_s: float = 0.05,
             per_token_latency_s: float = 0.0005,
             server_port: Optional[int] = None,
+            preempt_every: int = 0,
         ) -> None:
             init_server_attributes(
                 self,
@@ -373,12 +376,22 @@ def sglang_server_standin_class() -> type:
                 server_port=server_port,
                 latency_s=latency_s,
                 per_token_latency_s=per_token_latency_s,
+                preempt_every=preempt_every,
             )
             self.global_steps_history = []
 
         async def set_global_steps(self, global_steps: int):
             self.global_steps_history.append(global_steps)
             return await super().set_global_steps(global_steps)
+
+        async def abort_all_requests(self, reject_request: bool = False):
+            # verl 0.9.1's RolloutReplica passes reject_request, which its SGLangHttpServer
+            # does not take (its own SGLangReplica drops it); the pause stays verl's. With
+            # reject_request the stand-in engine fails requests arriving while paused, the
+            # admission gate verl's SGLangReplica leaves as a TODO, so a replica leaving the
+            # balancer sends them back to the client to retry elsewhere.
+            await super().abort_all_requests()
+            self.tokenizer_manager.reject_while_paused = bool(reject_request)
 
         # what the ServerAdapter of a real hybrid worker does over HTTP during update_weights
         async def resume_memory_occupation(self, tags=None):

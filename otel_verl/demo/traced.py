@@ -9,10 +9,15 @@ exported over OTLP.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import shlex
 import uuid
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
+
+from otel_verl.demo.common import PHASES_FILE
+from otel_verl.demo.progress import ProgressReporter
 
 
 def run_demo(
@@ -28,6 +33,7 @@ def run_demo(
     extra_env: Optional[Dict[str, str]] = None,
     worker_env: Optional[Dict[str, str]] = None,
     overrides: Sequence[str] = (),
+    progress: bool = True,
     **harness_kwargs: Any,
 ) -> Dict[str, Any]:
     """Run the traced demo and return the harness summary plus where the outputs are.
@@ -40,7 +46,8 @@ def run_demo(
     runtime env (e.g. ``PYTHONPATH`` for a custom agent loop's module). ``overrides`` and
     any other keyword (``adv_estimator``, ``agent_name``, ``agent_loop_config_path``,
     ``mode``, ...) go to the harness. ``server``: ``sglang`` (verl's SGLangHttpServer over
-    a stand-in engine) or ``standin``; by default sglang wherever verl supports it.
+    a stand-in engine, the default) or ``standin`` (a stand-in server, not traced).
+    ``progress``: tell on stderr what the run is doing (:mod:`otel_verl.demo.progress`).
     """
     trace_dir = os.path.abspath(trace_dir)
     os.makedirs(trace_dir, exist_ok=True)
@@ -49,6 +56,29 @@ def run_demo(
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.update(extra_env or {})
+    harness_dir = os.path.join(trace_dir, "harness")
+    reporter = ProgressReporter(os.path.join(harness_dir, PHASES_FILE), os.path.join(harness_dir, "metrics.jsonl"),
+                                total_steps=steps) if progress else None
+    with reporter or contextlib.nullcontext():
+        if reporter is not None:
+            reporter.phase(f"traced demo: verl's {trainer} trainer, {steps} steps; outputs in {trace_dir}")
+        summary = _run_traced(trace_dir, harness_dir, reporter, steps=steps, prompts=prompts,
+                              n=n, agent=agent, trainer=trainer, server=server, validate=validate,
+                              worker_env=worker_env, overrides=overrides, harness_kwargs=harness_kwargs)
+    summary["outputs"] = outputs(trace_dir)
+    summary["run_id"] = os.environ["OTEL_VERL_RUN_ID"]
+    summary["trainer"] = trainer
+    summary["trace_dir"] = trace_dir
+    return summary
+
+
+def _run_traced(trace_dir: str, harness_dir: str, reporter: Optional[ProgressReporter], *, steps: int, prompts: int,
+                n: int, agent: str, trainer: str, server: Optional[str], validate: bool,
+                worker_env: Optional[Dict[str, str]], overrides: Sequence[str],
+                harness_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    def phase(text: str) -> None:
+        if reporter is not None:
+            reporter.phase(text)
 
     from otel_verl import activation, bootstrap
 
@@ -63,22 +93,20 @@ def run_demo(
         raise ValueError(f"trainer must be 'v0', 'v1' or 'separation', got {trainer!r}")
 
     if server is None:
-        # verl's real SGLangHttpServer over a stand-in engine (server spans, engine timing),
-        # except where verl 0.9.1 cannot use it: the v1 async modes pause generation with
-        # abort_all_requests(reject_request=...), which SGLangHttpServer does not accept.
-        server = "standin" if harness_kwargs.get("mode") in ("colocate_async", "separate_async") else "sglang"
+        server = "sglang"  # verl's real SGLangHttpServer over a stand-in engine, in every mode
 
     from otel_verl.server_timing import ENABLE_METRICS_OVERRIDE
 
     # As `otel-verl run` adds it to a verl.trainer.main_ppo command: the sglang stand-in
     # reports per-request timing only with it, like sglang.
     overrides = [ENABLE_METRICS_OVERRIDE, *overrides]
+    phase("switching tracing on, in this process and (by Ray's runtime env) in every Ray worker")
     activation.activate()  # this process (the driver) too, as `otel-verl run` would
     runtime_env = activation.runtime_env()
     runtime_env["env_vars"].update(worker_env or {})
     harness_kwargs.setdefault("trainer_in_actor", True)
     summary = run_harness(
-        os.path.join(trace_dir, "harness"),
+        harness_dir,
         steps=steps,
         prompts=prompts,
         n=n,
@@ -89,10 +117,8 @@ def run_demo(
         overrides=overrides,
         **harness_kwargs,
     )
+    phase("writing the last spans and lines (tracing's shutdown)")
     bootstrap.shutdown()
-    summary["outputs"] = outputs(trace_dir)
-    summary["run_id"] = os.environ["OTEL_VERL_RUN_ID"]
-    summary["trainer"] = trainer
     return summary
 
 
@@ -135,4 +161,20 @@ def describe(summary: Dict[str, Any]) -> str:
         f"progress lines: {lines(out['progress'])} in {len(out['progress'])} files",
         f"trajectory JSONL lines: {lines(out['trajectory_jsonl'])} in {len(out['trajectory_jsonl'])} files",
     ]
+    if summary.get("trace_dir"):
+        rows += ["", *next_commands(summary["trace_dir"])]
     return "\n".join(rows)
+
+
+def next_commands(trace_dir: str) -> List[str]:
+    """What to run on a demo's output next (README, "Viewing traces")."""
+    quoted = shlex.quote(trace_dir)
+    return [
+        "next:",
+        f"  otel-verl report {quoted}",
+        "      where the time went: steps and stages, slowest trajectories, replicas, losses",
+        f"  otel-verl report {quoted} --perfetto {shlex.quote(os.path.join(trace_dir, 'run.pftrace'))}",
+        "      the whole run as a timeline: open the file in https://ui.perfetto.dev",
+        f"  otel-verl replay {quoted} --endpoint http://localhost:4318",
+        "      into a running Jaeger (docker compose up -d jaeger; http://localhost:16686): README, Viewing traces",
+    ]

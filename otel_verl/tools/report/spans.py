@@ -107,7 +107,7 @@ def trajectory_split(traj: Dict[str, Any], index: SpanIndex) -> Dict[str, Any]:
     llm_s = sum(duration_s(s) for s in llm)
     tool_s = sum(duration_s(s) for s in tools)
     reward_s = sum(duration_s(s) for s in rewards)
-    splits = [server_split(server_span_of(s, index)) for s in llm]
+    splits = [call_server_split(s, index) for s in llm]
     server = None
     if llm and all(splits):
         # a part one call lacks (a server without its metrics) is unknown for the trajectory
@@ -131,10 +131,24 @@ def trajectory_split(traj: Dict[str, Any], index: SpanIndex) -> Dict[str, Any]:
     }
 
 
-def server_span_of(llm_span: Dict[str, Any], index: SpanIndex) -> Dict[str, Any]:
-    """The LLM call's server span (its ``verl.llm_server.generate`` child), else the
-    call's own span (earlier otel_verl builds put the server's timing there too)."""
-    for child in index.children_of(llm_span):
-        if child["name"] == sc.SPAN_LLM_SERVER:
-            return child
-    return llm_span
+def server_spans_of(llm_span: Dict[str, Any], index: SpanIndex) -> List[Dict[str, Any]]:
+    """The LLM call's server spans: its ``verl.llm_server.generate`` child, else, when verl's
+    client resumed the call, its ``verl.llm.attempt`` children's (one per engine request);
+    else the call's own span (earlier otel_verl builds put the server's timing there too)."""
+    children = index.children_of(llm_span)
+    servers = [c for c in children if c["name"] == sc.SPAN_LLM_SERVER]
+    if not servers:
+        servers = [s for a in children if a["name"] == sc.SPAN_LLM_ATTEMPT
+                   for s in index.children_of(a) if s["name"] == sc.SPAN_LLM_SERVER]
+    return servers or [llm_span]
+
+
+def call_server_split(llm_span: Dict[str, Any], index: SpanIndex) -> Optional[Dict[str, Optional[float]]]:
+    """The server's view of one LLM call, summed over its engine requests (a resumed call
+    has several); ``None`` when one of them reported no e2e_latency, a part ``None`` when
+    one of them lacks it."""
+    splits = [server_split(s) for s in server_spans_of(llm_span, index)]
+    if not all(splits):
+        return None
+    return {key: None if any(s[key] is None for s in splits) else sum(s[key] for s in splits)
+            for key in ("e2e", "queue", "prefill", "decode")}
