@@ -590,6 +590,10 @@ def _shutdown_at_exit() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # die of it, as without us
 
 
+# after the child's own finalizers, which may still end spans
+MULTIPROCESSING_EXIT_PRIORITY = -100
+
+
 def _after_fork_in_child() -> None:
     # The SDK's BatchSpanProcessor, our writers and the events API's state reset
     # themselves in the child. A lock another thread held at fork time would never be
@@ -597,5 +601,7 @@ def _after_fork_in_child() -> None:
     global _lock, _shut_down
     _lock = threading.RLock()
     _shut_down = None  # a shutdown the parent had under way is the parent's
+    # a multiprocessing child ends by os._exit, past atexit: shut down among its finalizers
+    forks.at_multiprocessing_exit(shutdown, MULTIPROCESSING_EXIT_PRIORITY)
 
 

@@ -7,11 +7,18 @@ state; an object that owns threads hands it a method of its own, held weakly (an
 dropped is forgotten). They run in the order given: a module's locks before the objects
 that take them. This module imports nothing of otel_verl: :mod:`otel_verl.health`, which
 it would count failures with, depends on it.
+
+A child forked by :mod:`multiprocessing` (its ``fork`` start method: a ``Process``, a
+``Pool``'s or a ``ProcessPoolExecutor``'s workers) ends by ``os._exit`` once its target
+returned: ``atexit`` never runs there, only multiprocessing's own finalizers.
+:func:`at_multiprocessing_exit` runs a function among them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import types
 import weakref
 from typing import Any, Callable, List, Optional
@@ -39,6 +46,24 @@ def count_failures_with(record: Callable[[str, BaseException], None]) -> None:
     """What counts a remake that raised (``record(where, exc)``)."""
     global _count_failure
     _count_failure = record
+
+
+def at_multiprocessing_exit(finish: Callable[[], None], priority: int) -> None:
+    """Called in a forked child (from a remake): should multiprocessing have forked it,
+    ``finish()`` runs as it ends, among its finalizers (``multiprocessing.util.Finalize``;
+    a lower ``priority`` runs later). A child forked otherwise never runs it."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:  # multiprocessing forks only once it is loaded
+        return
+    # Its child clears the finalizers it inherited, then runs these after-fork functions:
+    # a finalizer registered now would be gone by then.
+    util.register_after_fork(finish, functools.partial(_finalize_at_exit, priority=priority))
+
+
+def _finalize_at_exit(finish: Callable[[], None], priority: int) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, finish, exitpriority=priority)
 
 
 def _resolve(entry: Any) -> Optional[Remake]:

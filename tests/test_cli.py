@@ -715,6 +715,66 @@ def test_doctor_required_hook_skipped(monkeypatch, tmp_path):
     assert "hooks: 1 install, 2 skipped or failing, 1 not importable here" in result.stdout
 
 
+@pytest.mark.verl
+def test_doctor_labels_optional_hooks_and_counts_one_cause_once(monkeypatch, tmp_path):
+    """Each optional component says where its hooks are needed; required hooks kept out by
+    one import error are one problem."""
+    import otel_verl.instrumentation as instrumentation
+    from otel_verl.instrumentation import hooks
+    from otel_verl.instrumentation.hooks import Hook
+
+    def wrapper(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs)
+
+    fake = [
+        Hook("otel_verl_no_such_module_a", "Worker.run", wrapper, component="agent_loop"),
+        Hook("otel_verl_no_such_module_a", "Worker.stop", wrapper, component="agent_loop"),
+        Hook("otel_verl_no_such_module_b", "Server.generate", wrapper, component="llm_server"),
+        Hook("otel_verl_no_such_module_c", "Trainer.fit", wrapper, component="trainer_separation"),
+        Hook("otel_verl_no_such_module_d", "Worker.score", wrapper, component="reward_loop"),
+    ]
+    monkeypatch.setattr(instrumentation, "all_hooks", lambda: fake)
+    try:
+        result = cli("doctor", env={"VERL_TRACE_DIR": str(tmp_path), "COLUMNS": "200"})
+    finally:
+        hooks.uninstall_all()
+    assert result.exit_code == 1
+    assert _problem_lines(result) == [(
+        "problem: 2 hooks: not importable here: ModuleNotFoundError: No module named 'otel_verl_no_such_module_a'",
+        "  fix: install verl with what its agent loop imports: pip install 'otel-verl[verl]'")]
+    text = " ".join(result.stdout.split())
+    for module, where in (("b", "needed only where this LLM server runs"),
+                          ("c", "needed only with verl's experimental disaggregated trainer"),
+                          ("d", "needed only where verl's reward loop workers run")):
+        assert f"otel_verl_no_such_module_{module} not available (see engine sources) ({where})" in text
+    assert text.count("LLM server") == 1
+
+
+def test_doctor_without_verl_is_short_and_names_the_cause_once(monkeypatch, tmp_path):
+    """A light install (the tools only): one problem, verl, with how many hooks it leaves
+    unchecked, in about 30 lines."""
+    import importlib.util
+
+    import otel_verl.tools.cli as cli_module
+    from otel_verl.instrumentation import all_hooks
+
+    if importlib.util.find_spec("verl") is not None:  # stand-in for a light install: verl (and Ray) hidden here
+        real = cli_module._version
+        monkeypatch.setattr(cli_module, "_version", lambda dist: None if dist in ("verl", "ray") else real(dist))
+        monkeypatch.setitem(sys.modules, "verl", None)
+        assert importlib.util.find_spec("verl") is None
+    hook_count = len(all_hooks())
+    result = cli("doctor", env={"VERL_TRACE_DIR": str(tmp_path), "OTEL_VERL_WHEEL_CACHE": str(tmp_path / "wheels")})
+    lines = result.stdout.splitlines()
+    assert result.exit_code == 1
+    assert len(lines) <= 31, result.stdout
+    assert _problem_lines(result) == [(f"problem: verl: not installed here: {hook_count} hooks cannot be checked",
+                                       "  fix: install otel-verl[verl] where training runs: pip install 'otel-verl[verl]'")]
+    assert f"hooks: not checked: verl is not installed here ({hook_count} hooks)" in lines
+    assert "ModuleNotFoundError" not in result.stdout and "LLM server" not in result.stdout
+    assert lines[-1] == "doctor: 1 problem(s)"
+
+
 # --------------------------------------------------------------------------- doctor --config
 
 ROLLOUT = "actor_rollout_ref.rollout"

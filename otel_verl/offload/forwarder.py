@@ -30,6 +30,7 @@ here and never sent: every end queued sets a :class:`~wire.SharedCount` it reads
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -612,6 +613,7 @@ class OffloadSpanProcessor(SpanProcessor):
         self._flush_results = {}
         self._child = None
         self._accepting, self._forked, self._why_stopped = False, True, "forked child"
+        self.config = dataclasses.replace(self.config, pid=os.getpid())  # its export process writes this child's files
 
 
 class ExportProcess:

@@ -129,8 +129,13 @@ def _print_rich(draw) -> None:
 # --------------------------------------------------------------------------- doctor
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
-# llm_server: per engine; trainer_separation: an experimental trainer (both optional)
-REQUIRED_COMPONENTS = ("trainer", "trainer_v0", "trainer_v1", "agent_loop", "agent_loop_tq", "llm_client")
+# The components a run may lack, with where their hooks are needed; every other one's are required.
+OPTIONAL_COMPONENTS = {
+    "llm_server": "needed only where this LLM server runs",
+    "trainer_separation": "needed only with verl's experimental disaggregated trainer",
+    "reward_loop": "needed only where verl's reward loop workers run",
+}
+VERL_FIX = "install otel-verl[verl] where training runs: pip install 'otel-verl[verl]'"
 _STATE_STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", INFO: "dim"}
 
 
@@ -142,6 +147,7 @@ class _Check:
     detail: str = ""
     fix: str = ""  # one line, for WARN and FAIL
     component: str = ""  # hooks: the instrumentation module that owns the hook
+    cause: str = ""  # checks failing for one cause are one problem: hooks whose module one error keeps out
 
     def __post_init__(self) -> None:
         # an endpoint's password never reaches the screen (settings.redacted)
@@ -157,16 +163,27 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _verl_here() -> bool:
+    """Whether this Python can import verl (the hooks can be checked here)."""
+    import importlib.util
+
+    return importlib.util.find_spec("verl") is not None
+
+
 def _version_checks() -> list:
     from packaging.requirements import Requirement
 
+    from otel_verl.instrumentation import all_hooks
     from otel_verl.instrumentation.package import _instruments
     from otel_verl.version import __version__
 
     checks = [_Check("versions", "otel-verl", OK, __version__), _Check("versions", "python", INFO, sys.version.split()[0])]
     verl_req = Requirement(_instruments[0])
     verl = _version("verl")
-    if verl is None:
+    if verl is None and not _verl_here():  # one problem, not one per hook
+        checks.append(_Check("versions", "verl", FAIL, f"not installed here: {len(all_hooks())} hooks cannot be checked",
+                             VERL_FIX))
+    elif verl is None:
         checks.append(_Check("versions", "verl", FAIL, "not installed", f"pip install 'otel-verl[verl]' (verl {verl_req.specifier})"))
     elif not verl_req.specifier.contains(verl, prereleases=True):
         checks.append(_Check("versions", "verl", FAIL, f"{verl} is outside the supported range {verl_req.specifier}",
@@ -174,8 +191,12 @@ def _version_checks() -> list:
     else:
         checks.append(_Check("versions", "verl", OK, f"{verl} (supported: {verl_req.specifier})"))
     ray = _version("ray")
-    checks.append(_Check("versions", "ray", OK, ray) if ray else
-                  _Check("versions", "ray", FAIL, "not installed", "pip install ray (verl runs on Ray)"))
+    if ray:
+        checks.append(_Check("versions", "ray", OK, ray))
+    elif _verl_here():
+        checks.append(_Check("versions", "ray", FAIL, "not installed", "pip install ray (verl runs on Ray)"))
+    else:  # verl's own problem above
+        checks.append(_Check("versions", "ray", INFO, "not installed (comes with otel-verl[verl])"))
     api, sdk = _version("opentelemetry-api"), _version("opentelemetry-sdk")
     for dist in ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
                  "opentelemetry-exporter-otlp-proto-http"):
@@ -202,6 +223,8 @@ def _hook_checks() -> list:
     from otel_verl.instrumentation import all_hooks, hooks
 
     targets = all_hooks()
+    if not _verl_here():  # every hook is verl's or runs in its processes: one line, the problem is verl's
+        return [_Check("hooks", "not checked", INFO, f"verl is not installed here ({len(targets)} hooks)")]
     specs = [(h.module, h.target, h.params) for h in targets]
     sources = hookcheck.check_hooks(specs, hookcheck.installed_trees(m.split(".", 1)[0] for m, _, _ in specs))
     source_of = {r.hook: r for r in sources}
@@ -218,22 +241,23 @@ def _hook_checks() -> list:
     checks = []
     for hook in targets:
         state, reason = status.get(hook.name, (hooks.PENDING, ""))
-        required = hook.component in REQUIRED_COMPONENTS
+        needed_where = OPTIONAL_COMPONENTS.get(hook.component)
         check = _Check("hooks", hook.name, OK, "installs", component=hook.component)
         if state == hooks.INSTALLED:
             pass
         elif hook.module in import_errors:
             source = source_of[hook.name]
             check.detail = f"not importable here: {import_errors[hook.module]}; source: {_source_detail(source)}"
-            if required:
+            if needed_where is None:
                 check.state, check.fix = FAIL, "install verl with what its agent loop imports: pip install 'otel-verl[verl]'"
+                check.cause = f"not importable here: {import_errors[hook.module]}"
             elif source.ok or source.state == hookcheck.UNAVAILABLE:
                 check.state = INFO
-                check.detail += " (needed only where this LLM server runs)"
+                check.detail += f" ({needed_where})"
             else:
                 check.state, check.fix = WARN, "use a verl in the supported range (see versions above) or report the drift"
         elif state == hooks.SKIPPED:
-            check.state, check.detail = (FAIL if required else WARN), f"skipped: {reason}"
+            check.state, check.detail = (WARN if needed_where else FAIL), f"skipped: {reason}"
             check.fix = "use a verl in the supported range (see versions above) or report the drift"
         else:
             check.state, check.detail = WARN, f"{state}: {reason}"
@@ -427,6 +451,22 @@ def _verl_config_checks(sources: Tuple[str, ...]) -> list:
             _Check("verl config", "sglang timing", check_state, detail, fix)]
 
 
+def _one_line(area: str, checks: list) -> bool:
+    """Whether an area is said in one line, not a table: nothing could be checked there
+    (verl, or the engine wheels, not here)."""
+    return area.startswith(("hooks", "engine sources")) and len(checks) == 1 and checks[0].state == INFO
+
+
+def _by_cause(problems: list) -> list:
+    """``problems`` with those of one cause (and fix) as one: a missing package is one problem, not one per hook."""
+    groups: dict = {}
+    for c in problems:
+        groups.setdefault((c.cause, c.fix) if c.cause else id(c), []).append(c)
+    return [group[0] if len(group) == 1 else
+            _Check(group[0].area, f"{len(group)} hooks", FAIL, group[0].cause, group[0].fix, cause=group[0].cause)
+            for group in groups.values()]
+
+
 def _print_area(console, area: str, checks: list) -> None:
     from collections import Counter
 
@@ -434,6 +474,9 @@ def _print_area(console, area: str, checks: list) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    if _one_line(area, checks):
+        console.print(f"{area}: {checks[0].name}: {checks[0].detail}", markup=False)
+        return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     title = area
     if area == "hooks":
@@ -488,11 +531,18 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
         checks += _engine_source_checks(engine_sources, fetch_engines)
 
     def draw(console) -> None:
+        after_line = False  # a table prints a blank line after itself, a one-line area does not
         for area in dict.fromkeys(c.area for c in checks):
-            _print_area(console, area, [c for c in checks if c.area == area])
+            in_area = [c for c in checks if c.area == area]
+            if after_line and not _one_line(area, in_area):
+                console.print()
+            _print_area(console, area, in_area)
+            after_line = _one_line(area, in_area)
+        if after_line:
+            console.print()
 
     _print_rich(draw)
-    problems = [c for c in checks if c.state == FAIL]
+    problems = _by_cause([c for c in checks if c.state == FAIL])
     warnings_ = [c for c in checks if c.state == WARN and c.fix]
     for c in problems + warnings_:
         click.echo(f"{'problem' if c.state == FAIL else 'warning'}: {c.name}: {c.detail}\n  fix: {c.fix}")
