@@ -30,7 +30,8 @@ the served process's group do not reach it). Only where the served process is a 
 subreaper (Ray's ``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) does
 it become that process's child again, and die with it, which it logs. It ignores SIGTERM,
 SIGINT, SIGHUP and SIGPIPE (a reader gone is an ``OSError`` it survives): it ends when
-its input does, and then exits within its deadline whatever its outputs' threads do.
+its input does, and then exits at most ``EXIT_GRACE_S`` after its outputs' deadline,
+whatever their threads do.
 """
 
 from __future__ import annotations
