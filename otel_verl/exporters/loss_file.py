@@ -5,13 +5,14 @@ metrics go; a process killed between collections takes its last counts with it, 
 rollout worker's counts of its last seconds reached only its log. :class:`LossFileProcessor`
 keeps ``{trace_dir}/losses/losses-{host}-pid{pid}-start{ticks}.json`` current: rewritten (a
 new file renamed over the old one, so a reader never sees half of it) at most every
-``interval_s`` while the counters change, and a last time when the outputs shut down,
-after every other output counted its losses (``finish_order``); a flush writes it after
-the other outputs' flushes too, so that it says what they still hold after them. Once
-written final, it stays final, and a count that comes later (an export that returns
-after the deadline) is written into it within ``interval_s``. In an export process the
-file is the served process's (its pid), with that process's own counters as of its last
-message and what the export process counted, so it survives the served process.
+``interval_s`` while the counters change, and final when the outputs shut down, after
+every other output counted its losses (``finish_order``); a flush writes it after the
+other outputs' flushes too, so that it says what they still hold after them. Written
+final, it stays final, and a count that comes later (an export that returns after the
+deadline) is written into it within ``interval_s``, for ``AFTER_FINAL_S``. In an export
+process the file is the served process's (its pid), with that process's own counters as
+of its last message and what the export process counted, so it survives the served
+process.
 
 ``ticks`` is when the process started (``/proc/{pid}/stat``, clock ticks since boot), read
 alike by the process and its export process: a later process given the same pid (a
@@ -41,6 +42,9 @@ from otel_verl import forks, health, semconv as sc
 from otel_verl.exporters._writer import FILE_MODE, make_dirs, output_pid
 
 DIRECTORY = "losses"
+# After the final write the file is kept current this much longer: what returns after the
+# shutdown's deadline (an export, a write) gives up within its own timeout, and may count.
+AFTER_FINAL_S = 60.0
 _RESOURCE_KEYS = (sc.RUN_ID, sc.ROLE, sc.SERVICE_NAME, sc.SERVICE_INSTANCE_ID)
 
 
@@ -138,9 +142,12 @@ class LossFileProcessor(SpanProcessor):
         return out
 
     def _loop(self) -> None:
-        while True:  # after the final write too, until the process ends: a late count gets written
+        final_at = None
+        while final_at is None or time.monotonic() - final_at < AFTER_FINAL_S:
             time.sleep(self.interval_s)
             self.write(final=False)
+            if final_at is None and self._final:
+                final_at = time.monotonic()
 
     def _after_fork_in_child(self) -> None:
         self._written = None  # the child's counters start afresh, in a file of its own
