@@ -69,3 +69,16 @@ def test_a_closed_stream_or_an_unwritable_phase_file_does_not_stop_the_run(tmp_p
     with reporter:
         out.close()
         reporter.phase("nobody reads this")
+
+
+def test_a_step_that_finished_before_a_later_phase_is_told_before_it(tmp_path):
+    phases, metrics = str(tmp_path / "phases.jsonl"), str(tmp_path / "metrics.jsonl")
+    out = io.StringIO()
+    with ProgressReporter(phases, metrics, total_steps=1, stream=out, heartbeat_s=60):
+        time.sleep(0.05)
+        note_phase(phases, "training: step 1 of 1")
+        with open(metrics, "w") as f:
+            f.write(_step_line(1))
+        note_phase(phases, "training done; stopping the workers")  # both seen in one poll
+    said = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert said == ["training: step 1 of 1", "step 1 of 1 done", "training done; stopping the workers"]

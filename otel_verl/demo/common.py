@@ -228,7 +228,7 @@ def start_ray_and_fit(
         on_ray_init()
     try:
         if trainer_in_actor:
-            note_phase(phase_log, f"Ray is up ({ray_init_s:.0f}s); starting the trainer's actor, as verl's TaskRunner")
+            note_phase(phase_log, f"starting the trainer's actor, as verl's TaskRunner (Ray took {ray_init_s:.0f}s)")
             runner = ray.remote(runner_cls).options(num_cpus=0).remote()
             try:
                 fit_result = ray.get(runner.run.remote(config, server, server_kwargs, file_log, on_fit, phase_log,

@@ -74,6 +74,7 @@ class ProgressReporter:
         self._phase_since = self._start
         self._phases_seen = 0
         self._steps_seen = 0
+        self._training = False  # steps are told once training began, in order with the phases
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -113,25 +114,31 @@ class ProgressReporter:
     def _poll(self) -> None:
         with self._lock:
             phases = _read_lines(self.phase_path, self._start)
+            steps = _finished_steps(_read_lines(self.metrics_path, self._start))
             for line in phases[self._phases_seen:]:
                 try:
                     text = str(json.loads(line)["phase"])
                 except (ValueError, KeyError, TypeError):
                     continue
+                if self._training:  # the steps that finished before this phase began
+                    self._print_steps(steps)
                 self._phase, self._phase_since = text, time.time()
                 self._print(text)
+                self._training = self._training or text.startswith("training")
             self._phases_seen = max(self._phases_seen, len(phases))
-            steps = _finished_steps(_read_lines(self.metrics_path, self._start))
-            for step in range(self._steps_seen + 1, steps + 1):
-                done = f"step {step} of {self.total_steps} done"
-                if step < self.total_steps:
-                    self._phase, self._phase_since = f"training: step {step + 1} of {self.total_steps}", time.time()
-                    done += f"; {self._phase}"
-                self._print(done)
-            self._steps_seen = max(self._steps_seen, steps)
+            self._print_steps(steps)
             now = time.time()
             if now - self._last_print >= self.heartbeat_s:
                 self._print(f"... still {self._phase} ({now - self._phase_since:.0f}s)")
+
+    def _print_steps(self, steps: int) -> None:
+        for step in range(self._steps_seen + 1, steps + 1):
+            done = f"step {step} of {self.total_steps} done"
+            if step < self.total_steps:
+                self._phase, self._phase_since = f"training: step {step + 1} of {self.total_steps}", time.time()
+                done += f"; {self._phase}"
+            self._print(done)
+        self._steps_seen = max(self._steps_seen, steps)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):

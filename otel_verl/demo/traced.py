@@ -80,6 +80,7 @@ def _run_traced(trace_dir: str, harness_dir: str, reporter: Optional[ProgressRep
         if reporter is not None:
             reporter.phase(text)
 
+    phase("loading otel_verl, verl, torch and Ray")
     from otel_verl import activation, bootstrap
 
     if trainer in ("v0", "separation"):
