@@ -631,24 +631,101 @@ def test_nan_and_infinity_are_written_as_null_and_counted(clock, traj_dir):
 # --------------------------------------------------------------------------- threads, files
 
 
-def test_formatting_happens_on_the_writer_thread(clock, traj_dir, monkeypatch):
+def test_formatting_happens_on_the_writer_thread_and_decoding_on_its_decode_thread(clock, traj_dir, monkeypatch):
     proc, trace_dir, _ = traj_dir
-    dumps_threads: List[str] = []
-    real_trajectory_line = tj.trajectory_line
+    paths_threads: List[str] = []
+    real_path_for = tj._TrajectoryFiles.path_for
 
-    def recording_trajectory_line(data, *args):
-        dumps_threads.append(threading.current_thread().name)
-        return real_trajectory_line(data, *args)
+    def recording_path_for(files, n_bytes):
+        paths_threads.append(threading.current_thread().name)
+        return real_path_for(files, n_bytes)
 
-    monkeypatch.setattr(tj, "trajectory_line", recording_trajectory_line)
+    monkeypatch.setattr(tj._TrajectoryFiles, "path_for", recording_path_for)
     tok = CharTokenizer()
     run_multi_turn_tool(clock, tok)
     run_single_turn(clock, tok)
     proc.force_flush()
     assert len(read_lines(trace_dir)) == 2
-    writer_thread = {"otel-verl-trajectory_jsonl"}
-    assert tok.threads and set(tok.threads) == writer_thread  # decode and encode
-    assert dumps_threads and set(dumps_threads) == writer_thread
+    assert tok.threads and set(tok.threads) == {"otel-verl-trajectory-decode"}  # decode and encode
+    assert paths_threads and set(paths_threads) == {"otel-verl-trajectory_jsonl"}
+
+
+# --------------------------------------------------------------------------- a tokenizer that hangs
+
+
+class HangingTokenizer(CharTokenizer):
+    """A tokenizer whose decode and encode return only once ``release`` is set (one stuck
+    on a lock, or on a remote service)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        self.release.wait(120)
+        return super().decode(ids, skip_special_tokens)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        self.release.wait(120)
+        return super().encode(text, add_special_tokens)
+
+
+@pytest.fixture
+def short_decode(tmp_path, make_pipeline):
+    """(processor waiting 0.5 s for a line's tokenizer, trace dir, the hanging tokenizers' release)."""
+    proc = TrajectoryJsonlProcessor(str(tmp_path), discovery_path=None, decode_timeout_s=0.5)
+    make_pipeline([proc])
+    release = threading.Event()
+    yield proc, tmp_path, release
+    release.set()
+
+
+def _decode_threads() -> set:
+    return {t for t in threading.enumerate() if t.name == "otel-verl-trajectory-decode"}
+
+
+def test_a_hung_decode_holds_back_its_own_line_only_written_as_without_a_tokenizer(clock, short_decode):
+    proc, trace_dir, release = short_decode
+    tok = CharTokenizer()
+    run_single_turn(clock, tok, traj_uid="0")
+    run_multi_turn_tool(clock, HangingTokenizer(release))  # traj_uid "1"
+    for i in range(2, 6):
+        run_single_turn(clock, tok, traj_uid=str(i))
+    assert proc.writer.flush(30)  # its tokenizer hangs 120 s: no line waited for it
+    lines = {t["raw_message"]["request_id"]: t["raw_message"] for t in read_trajectories(trace_dir)}
+    assert sorted(lines) == [str(i) for i in range(6)]
+    assert health.snapshot()["failures"] == {"trajectory_jsonl.decode_timeout": 1}
+    assert all(lines[i]["turns"][0]["completion_text"] == "Réponse 🙂<|im_end|>" for i in "02345")
+    hung = lines["1"]
+    assert hung["initial_prompt_text"] is None
+    assert [turn["completion_text"] for turn in hung["turns"]] == [None, None]
+    assert hung["turns"][0]["observation_text"] == OBSERVATION
+    # as without a tokenizer: the observation counts 0 tokens in the overhead, which has no text
+    assert hung["turns"][1]["template_overhead_tokens"] == len(CharTokenizer().ids(TOOL_PREFIX + OBSERVATION + TOOL_SUFFIX))
+    assert hung["turns"][1]["template_overhead_text"] is None
+
+
+def test_a_tokenizer_that_never_answers_holds_two_threads_not_one_a_line(clock, short_decode):
+    proc, trace_dir, release = short_decode
+    before = _decode_threads()
+    tok = HangingTokenizer(release)
+    for i in range(8):
+        run_single_turn(clock, tok, traj_uid=str(i))
+    assert proc.writer.flush(30)
+    lines = read_trajectories(trace_dir)
+    assert len(lines) == 8 and all(t["raw_message"]["turns"][0]["completion_text"] is None for t in lines)
+    assert health.snapshot()["failures"] == {"trajectory_jsonl.decode_timeout": 8}
+    assert len(_decode_threads() - before) <= 2
+    release.set()  # it answers at last: a thread serves again, the other ends
+    deadline = time.monotonic() + 30
+    while len(_decode_threads() - before) > 1 or proc.decode._current.running is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    run_single_turn(clock, tok, traj_uid="8")
+    assert proc.writer.flush(30)
+    assert read_trajectories(trace_dir)[-1]["raw_message"]["turns"][0]["completion_text"] == "Réponse 🙂<|im_end|>"
+    # the late answers, discarded, counted nothing
+    assert health.snapshot()["failures"] == {"trajectory_jsonl.decode_timeout": 8}
 
 
 def test_discovery_file_names_the_trajectory_directory(clock, traj_dir):

@@ -6,8 +6,12 @@ legacy trajectory browser ingests. The format (key order, every timing rule, the
 template-overhead quirk) is section 3 of ``docs/LEGACY_FORMATS.md``.
 
 ``on_end`` runs on the agent loop's event loop, so it only queues the finished
-``TrajectoryData``: decoding, re-encoding observations, ``json.dumps``, choosing the file
-and writing happen on the writer thread.
+``TrajectoryData``: making the line (decoding, re-encoding observations, ``json.dumps``)
+happens on a decode thread, choosing the file and writing on the writer thread, which
+waits at most ``decode_timeout_s`` for a line. A line whose tokenizer did not answer by
+then is written as without a tokenizer, and counted
+(``failures[trajectory_jsonl.decode_timeout]``): a tokenizer that hangs holds back one
+line, not the file.
 
 Not written, like the seed: validation trajectories (``verl.validate``) and trajectories
 whose run raised. Without a tokenizer (``TrajectoryData.codec`` or its ``decode`` / ``encode``
@@ -20,12 +24,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections import Counter, deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from otel_verl import health, semconv as sc, server_timing as st, settings
+from otel_verl import forks, health, semconv as sc, server_timing as st, settings
 from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, output_pid,
                                         write_discovery_file)
 from otel_verl.ids import sample_index
@@ -41,6 +47,8 @@ _OUTPUT = "trajectory_jsonl"
 # line of 50 MB, its decode several times that in the writer's memory.
 MAX_TEXT_CHARS = settings.DEFAULT_JSONL_MAX_TEXT_CHARS
 ID_BYTES = 6  # a token id in a line: its decoded text and its share of the JSON around it
+# A line's tokenizer work (a fast tokenizer's takes milliseconds) is waited for this long.
+DECODE_TIMEOUT_S = 5.0
 
 
 class TrajectoryJsonlProcessor(WriterProcessor):
@@ -58,10 +66,12 @@ class TrajectoryJsonlProcessor(WriterProcessor):
         clock: Callable[[], float] = time.time,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         max_text_chars: int = MAX_TEXT_CHARS,
+        decode_timeout_s: float = DECODE_TIMEOUT_S,
     ) -> None:
         self.directory = os.path.join(trace_dir, "trajectory")
         self.writer = BackgroundWriter(_OUTPUT, max_pending_bytes, render=self._render)
         self.max_text_chars = max_text_chars
+        self.decode = DecodeThreads(decode_timeout_s)
         self._files = _TrajectoryFiles(self.directory, max_file_bytes, discovery_path, clock)
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -73,18 +83,178 @@ class TrajectoryJsonlProcessor(WriterProcessor):
                 return
             # The data is complete once its span ended; nothing changes it afterwards.
             data = payload.data
-            self.writer.submit(data, 1, line_bytes(data, self.max_text_chars))
+            codec = data.codec
+            if codec is None or (codec.decode is None and codec.encode is None):
+                self.writer.submit(data, 1, line_bytes(data, self.max_text_chars))
+                return
+            line = _Line(data, self.max_text_chars)
+            self.decode.start(line)  # made meanwhile: the writer waits for it no longer than it must
+            if not self.writer.submit(line, 1, line_bytes(data, self.max_text_chars)):
+                self.decode.forget(line)
         except Exception as exc:  # never raise into the agent loop
             health.record_failure(f"{_OUTPUT}.on_end", exc)
 
-    def _render(self, data: TrajectoryData) -> Tuple[str, str]:
+    def shutdown(self, timeout_millis: Optional[int] = None) -> None:
+        super().shutdown(timeout_millis)
+        self.decode.close()
+
+    def _render(self, job: Any) -> Tuple[str, str]:
         # on the writer thread; the file is picked last: rotation needs the line's size
-        text = trajectory_line(data, self.max_text_chars) + "\n"
+        text = self._line(job) + "\n"
         # its size as written: a lone surrogate takes U+FFFD's 3 bytes there. Not utf8():
         # the writer repairs and counts the line, once
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         return self._files.path_for(size), text
 
+    def _line(self, job: Any) -> str:
+        if isinstance(job, TrajectoryData):  # no tokenizer
+            return trajectory_line(job, self.max_text_chars)
+        made = self.decode.result(job)
+        if made is None:
+            health.record_failures(f"{_OUTPUT}.decode_timeout", 1, f"(the tokenizer did not answer within "
+                                   f"{self.decode.timeout_s:g} s: the line is written as without a tokenizer)")
+            made = _line_and_repairs(job.data, self.max_text_chars, None)
+        line, repairs = made
+        _count_repairs(repairs, self.max_text_chars)
+        return line
+
+
+class _Line:
+    """A line whose tokenizer work a decode thread does: its data, then its text and repairs."""
+
+    __slots__ = ("data", "max_text_chars", "made", "error", "done", "abandoned", "thread")
+
+    def __init__(self, data: TrajectoryData, max_text_chars: int) -> None:
+        self.data, self.max_text_chars = data, max_text_chars
+        self.made: Optional[Tuple[str, Counter]] = None
+        self.error: Optional[Exception] = None
+        self.done = self.abandoned = False
+        self.thread: Optional[_DecodeThread] = None  # the one it was handed to
+
+    def make(self) -> None:
+        try:
+            self.made = _line_and_repairs(self.data, self.max_text_chars, self.data.codec)
+        except Exception as exc:  # raised on the writer thread, which counts it
+            self.error = exc
+
+
+class DecodeThreads:
+    """Makes lines on a thread of their own, in the order handed over; the writer waits at
+    most ``timeout_s`` for each. A thread that has not finished a line by then is stuck:
+    replaced for the lines behind it, once. While the thread it replaced is stuck too, the
+    lines behind are written without waiting, until one of them returns (and serves
+    again). A tokenizer that never answers thus holds two threads, not one a line."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._start_empty()
+        forks.in_child(self._start_empty)
+
+    def _start_empty(self) -> None:
+        self._cond = threading.Condition()  # guards the threads' queues and the lines' states
+        self._current: Optional[_DecodeThread] = None
+        self._replaced: Optional[_DecodeThread] = None  # stuck when it was replaced
+
+    def start(self, line: _Line) -> None:
+        """Hands ``line`` to the decode thread (any thread; no tokenizer call under the lock)."""
+        with self._cond:
+            if self._current is None:
+                try:
+                    self._current = _DecodeThread(self._cond)
+                except RuntimeError as exc:  # no thread to be had: the line is written without its texts
+                    health.record_failure(f"{_OUTPUT}.decode_thread", exc)
+                    return
+            line.thread = self._current
+            self._current.queue.append(line)
+            self._cond.notify_all()
+
+    def result(self, line: _Line) -> Optional[Tuple[str, Counter]]:
+        """The line made (raised as it raised), waited for at most ``timeout_s``; ``None``
+        when it was not made in time (it is then never made)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while not line.done:
+                thread = line.thread
+                left = deadline - time.monotonic()
+                if thread is None or left <= 0 or (thread.stuck and thread.running is not line):
+                    line.abandoned = True  # its thread skips it
+                    if thread is not None and thread.running is not None and not thread.stuck:
+                        self._replace(thread)
+                    return None
+                self._cond.wait(left)
+        if line.error is not None:
+            raise line.error
+        return line.made
+
+    def forget(self, line: _Line) -> None:
+        """``line`` will not be written: not made."""
+        with self._cond:
+            line.abandoned = True
+
+    def _replace(self, thread: "_DecodeThread") -> None:
+        # with the lock held: ``thread`` has run one line past its deadline
+        thread.stuck = True
+        if self._replaced is not None and self._replaced.running is not None:
+            return  # the one replaced before is stuck still: no third thread
+        thread.retired = True  # it ends once its line returns
+        self._replaced = thread
+        if self._current is thread:
+            self._current = None
+        if thread.queue:
+            try:
+                self._current = self._current or _DecodeThread(self._cond)
+            except RuntimeError as exc:  # the lines behind are written without their texts
+                health.record_failure(f"{_OUTPUT}.decode_thread", exc)
+                for waiting in thread.queue:
+                    waiting.thread = None
+                thread.queue.clear()
+                return
+            for waiting in thread.queue:
+                waiting.thread = self._current
+            self._current.queue.extend(thread.queue)
+            thread.queue.clear()
+        self._cond.notify_all()
+
+    def close(self) -> None:
+        """The threads end (a stuck one once its line returns)."""
+        with self._cond:
+            for thread in (self._current, self._replaced):
+                if thread is not None:
+                    thread.retired = True
+                    thread.queue.clear()
+            self._current = self._replaced = None
+            self._cond.notify_all()
+
+
+class _DecodeThread:
+    """A thread making the lines handed to it, one at a time, under its owner's lock."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond
+        self.queue: Deque[_Line] = deque()
+        self.running: Optional[_Line] = None
+        self.stuck = False  # past a line's deadline in the line it runs
+        self.retired = False
+        threading.Thread(target=self._loop, name="otel-verl-trajectory-decode", daemon=True).start()
+
+    def _loop(self) -> None:
+        cond = self.cond
+        while True:
+            with cond:
+                while not self.queue and not self.retired:
+                    cond.wait()
+                if not self.queue:
+                    return
+                line = self.queue.popleft()
+                if line.abandoned:
+                    continue
+                self.running = line
+            line.make()
+            with cond:
+                self.running = None
+                self.stuck = False
+                line.done = True
+                cond.notify_all()
 
 
 class _TrajectoryFiles:
@@ -141,8 +311,25 @@ def _first_prompt(turn: TurnData) -> Sequence[int]:
 def trajectory_line(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> str:
     """The JSONL line (without newline) for one finished trajectory, each text cut at
     ``max_text_chars``."""
-    decode, encode = data.codec if data.codec is not None else (None, None)
-    texts = _Texts(decode, encode, max_text_chars)
+    line, repairs = _line_and_repairs(data, max_text_chars, data.codec)
+    _count_repairs(repairs, max_text_chars)
+    return line
+
+
+def _count_repairs(repairs: Counter, max_text_chars: int) -> None:
+    if repairs["text_cut"]:
+        health.record_failures(f"{_OUTPUT}.text_cut", repairs["text_cut"], f"(a text cut at {max_text_chars} characters)")
+    if repairs["non_finite"]:
+        health.record_failures(f"{_OUTPUT}.non_finite", 1, "(a NaN or infinity written as null)")
+
+
+def _line_and_repairs(data: TrajectoryData, max_text_chars: int, codec: Any) -> Tuple[str, Counter]:
+    """The line made with ``codec`` (``None``: as without a tokenizer), and what was
+    repaired in it: counted by the caller once the line is the one written (a line whose
+    tokenizer was too late is made again without it)."""
+    decode, encode = codec if codec is not None else (None, None)
+    repairs: Counter = Counter()
+    texts = _Texts(decode, encode, max_text_chars, repairs)
     turns = data.turns
     # The contract's "first turn's prompt": ToolAgentLoop extends one prompt list in place,
     # so cut it back to the length it had when turn 0 was sent.
@@ -160,8 +347,8 @@ def trajectory_line(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) 
         "agent_metrics": texts.cut_all(_agent_metrics(data)),
     }
     outer = {"prompt_uid": data.uid, "sample_index": sample_index(data.traj_uid),
-             "raw_message": _json(rest)}
-    return json.dumps(outer, ensure_ascii=False)
+             "raw_message": _json(rest, repairs)}
+    return json.dumps(outer, ensure_ascii=False), repairs
 
 
 def line_bytes(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> int:
@@ -177,11 +364,12 @@ def line_bytes(data: TrajectoryData, max_text_chars: int = MAX_TEXT_CHARS) -> in
 
 class _Texts:
     """The texts of one line: decoded with the trajectory's tokenizer, each cut at
-    ``max_chars`` (counted as ``failures[trajectory_jsonl.text_cut]``)."""
+    ``max_chars`` (``repairs["text_cut"]``)."""
 
-    def __init__(self, decode: _Decode, encode: _Encode, max_chars: int) -> None:
+    def __init__(self, decode: _Decode, encode: _Encode, max_chars: int, repairs: Counter) -> None:
         self._decode, self._encode, self.max_chars = decode, encode, max_chars
         self.decodes = decode is not None
+        self.repairs = repairs
 
     def cut(self, text: Optional[str]) -> Optional[str]:
         if text is None or len(text) <= self.max_chars:
@@ -190,7 +378,7 @@ class _Texts:
         return text[: self.max_chars]
 
     def _count_cut(self) -> None:
-        health.record_failures(f"{_OUTPUT}.text_cut", 1, f"(a text cut at {self.max_chars} characters)")
+        self.repairs["text_cut"] += 1
 
     def cut_all(self, value: Any) -> Any:
         """``value`` (agent metrics) with every text in it cut."""
@@ -316,12 +504,13 @@ def _server_timings(meta: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _json(value: Any) -> str:
-    """``value`` as JSON text, NaN and infinities (which JSON has not) as null."""
+def _json(value: Any, repairs: Counter) -> str:
+    """``value`` as JSON text, NaN and infinities (which JSON has not) as null
+    (``repairs["non_finite"]``)."""
     try:
         return json.dumps(value, ensure_ascii=False, default=_jsonable, allow_nan=False)
     except ValueError:
-        health.record_failures(f"{_OUTPUT}.non_finite", 1, "(a NaN or infinity written as null)")
+        repairs["non_finite"] += 1
         return json.dumps(_finite(value), ensure_ascii=False, default=_jsonable, allow_nan=False)
 
 
