@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -567,6 +568,42 @@ def test_a_file_that_cannot_be_written_leaves_nothing_behind(tmp_path):
     with pytest.raises(perfetto.OutputError, match="taken: cannot write the Perfetto trace"):
         perfetto.write([trace_dir], str(tmp_path / "taken"))
     assert sorted(os.listdir(tmp_path)) == ["run", "taken"] and not os.listdir(tmp_path / "taken")
+
+
+def test_the_file_follows_the_umask_as_the_png_and_json_do(tmp_path):
+    run, _ = v0_run()
+    trace_dir = run.write(tmp_path / "run")
+    before = os.umask(0o022)
+    try:
+        perfetto.write([trace_dir], str(tmp_path / "shared.pftrace"))
+        os.umask(0o027)
+        perfetto.write([trace_dir], str(tmp_path / "group.pftrace"))
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(os.stat(tmp_path / "shared.pftrace").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(tmp_path / "group.pftrace").st_mode) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["group.pftrace", "run", "shared.pftrace"]  # no temporary file left
+
+
+def test_lone_surrogates_in_any_text_become_replacement_characters(tmp_path):
+    """A span name, attribute key and value, event name, status message and resource with a
+    lone surrogate each (the Perfetto protos refuse them): written with U+FFFD, said once."""
+    run = Run()
+    worker = run.process("w", "agent_loop_worker", 7, host="node-\udc80")
+    span = run.span(worker, "step-\udc80", 0, 10, **{"key-\ud800": "value-\udfff"})
+    span["events"] = [{"name": "event-\udc81", "timeUnixNano": span["startTimeUnixNano"]}]
+    span["status"] = {"code": 2, "message": "failed-\ud83d"}
+    out = tmp_path / "run.pftrace"
+    result = cli("report", run.write(tmp_path / "run"), "--perfetto", str(out))
+    assert result.exit_code == 0, result.output
+    assert "character(s) not well-formed UTF-8" in result.stderr
+    trace = Trace(str(out))
+    (only,) = trace.slices
+    assert only["name"] == "step-\ufffd"
+    assert only["args"]["key-\ufffd"] == "value-\ufffd"
+    assert only["args"]["otel.events"] == ["event-\ufffd at +0.000 ms"]
+    assert only["args"]["otel.status_message"] == "failed-\ufffd"
+    assert "host.name=node-\ufffd" in trace.process_of(only["track"]).process.process_labels
 
 
 # --------------------------------------------------------------------------- a real demo

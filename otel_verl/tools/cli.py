@@ -598,7 +598,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         _report_comparison(paths, as_json, png)
         return
     data = _read_runs(paths, lambda: build(list(paths), top=top, unfinished_limit=None if as_json else 20))
-    _warn_truncated(data["inputs"]["truncated_files"])
+    _warn_inputs(data["inputs"])
     if png:
         from otel_verl.tools.report.timeline import draw
 
@@ -613,9 +613,9 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
     _print_rich(lambda console: render(data, console))
     if png:
-        click.echo(f"timeline: {png}")
+        click.echo(f"timeline: {_shown(png)}")
     for line in written.lines() if written is not None else ():
-        click.echo(line)
+        click.echo(_shown(line))
 
 
 def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
@@ -630,9 +630,36 @@ def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
         raise click.ClickException(f"cannot read {', '.join(paths)}: {type(exc).__name__}: {exc}") from None
 
 
-def _warn_truncated(truncated_files: List[Dict[str, Any]]) -> None:
-    for t in truncated_files:
-        click.echo(f"warning: {t['path']} ends with a truncated line ({t['bytes']} bytes; still being written?): skipped", err=True)
+def _warn_inputs(inputs: Dict[str, Any]) -> None:
+    """One line on stderr for each file the report skipped or repaired."""
+    for t in inputs["truncated_files"]:
+        _warn_truncated(t["path"], t["bytes"])
+    for skipped in inputs["skipped_files"]:
+        _warn_skipped(skipped["path"], skipped["what"])
+    for repaired in inputs["repaired_files"]:
+        _warn_repaired(repaired["path"], repaired["characters"])
+
+
+def _warn_truncated(path: str, size: int) -> None:
+    click.echo(f"warning: {_shown(path)} ends with a truncated line ({size} bytes; still being written?): skipped",
+               err=True)
+
+
+def _warn_skipped(path: str, what: str) -> None:
+    click.echo(f"warning: {_shown(path)} is {what}, not a file: skipped", err=True)
+
+
+def _warn_repaired(path: str, characters: int) -> None:
+    click.echo(f"warning: {_shown(path)}: {characters} character(s) not well-formed UTF-8 (lone surrogates, bytes "
+               "that are not UTF-8): read as U+FFFD", err=True)
+
+
+def _shown(text: str) -> str:
+    """``text`` as any terminal can print it: a file name that is not UTF-8 comes as lone
+    surrogates (Python's surrogateescape), which a UTF-8 stdout refuses."""
+    from otel_verl.ids import repair_text
+
+    return text if text.isascii() else repair_text(text)
 
 
 def _draw_png(png: str, draw: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
@@ -657,7 +684,8 @@ def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -
     from otel_verl.tools.report import compare
 
     data = _read_runs(paths, lambda: compare.build_comparison(*paths))
-    _warn_truncated(data["a"]["truncated_files"] + data["b"]["truncated_files"])
+    for side in ("a", "b"):
+        _warn_inputs(data[side])
     if png:
         data["png"] = _draw_png(png, lambda: compare.draw(data, png))
     if as_json:
@@ -667,7 +695,7 @@ def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -
 
     _print_rich(lambda console: render_comparison(data, console))
     if png:
-        click.echo(f"comparison: {png}")
+        click.echo(f"comparison: {_shown(png)}")
 
 
 # --------------------------------------------------------------------------- replay
@@ -678,13 +706,17 @@ def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -
 @click.option("--endpoint", required=True, help="OTLP/HTTP base URL (e.g. http://localhost:4318); /v1/traces is added.")
 @click.option("--protocol", type=click.Choice(["json", "protobuf"]), default="json", show_default=True)
 @click.option("--header", "headers", multiple=True, metavar="KEY=VALUE", help="Extra HTTP header (repeatable).")
-@click.option("--timeout", type=click.FloatRange(0.1, 600), default=10.0, show_default=True, help="Seconds per request.")
-@click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True, help="Retries per line on 5xx/429/connection errors.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds for the whole replay, retries included; what is left then is not sent (exit 1).")
+@click.option("--retries", type=click.IntRange(0, 100), default=5, show_default=True,
+              help="Retries per line on 5xx/429/lost connections, with backoff, within --timeout.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress on stderr (default: a bar on a terminal, else a line every few seconds and per file).")
 def replay(files: Tuple[str, ...], endpoint: str, protocol: str, headers: Tuple[str, ...], timeout: float,
            retries: int, progress: bool | None) -> None:
     """Send OTLP-JSON FILES (or trace dirs / directories of them) to a collector, Jaeger or
-    Tempo over OTLP/HTTP. Exits 1 when some lines could not be sent."""
+    Tempo over OTLP/HTTP. Stops at once when the endpoint refuses the connection before any
+    line was sent. Exits 1 naming the lines that could not be sent."""
     from otel_verl.tools.replay import replay as run_replay
     from otel_verl.tools.report import InputError
 
@@ -700,16 +732,22 @@ def replay(files: Tuple[str, ...], endpoint: str, protocol: str, headers: Tuple[
     except (InputError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     for path, size in result.truncated:
-        click.echo(f"warning: {path} ends with a truncated line ({size} bytes; still being written?): skipped", err=True)
+        _warn_truncated(path, size)
+    for path, what in result.skipped:
+        _warn_skipped(path, what)
+    for path, characters in result.repaired:
+        _warn_repaired(path, characters)
     for error in result.errors:
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {_shown(error)}", err=True)
     click.echo(
         f"replay: sent {result.spans_sent} of {result.spans} spans ({result.lines_sent} of {result.lines} lines, "
         f"{result.files} files) to {result.url}; retries: {result.retries}; truncated: {len(result.truncated)}"
     )
     if result.lines_failed:
+        why = f"{result.stopped}; " if result.stopped else ""
         raise click.ClickException(
-            f"{result.lines_failed} of {result.lines} lines ({result.spans_failed} spans) could not be sent to {result.url}"
+            f"{result.lines_failed} of {result.lines} lines ({result.spans_failed} spans) could not be sent to "
+            f"{result.url}: {why}not sent: {_shown(result.unsent_text())}"
         )
     if result.spans_rejected:
         raise click.ClickException(f"the receiver rejected {result.spans_rejected} span(s) (partial success)")

@@ -4,7 +4,9 @@ Input: a trace dir (``{trace_dir}/otlp/*.jsonl`` and the legacy files next to it
 OTLP-JSON files / directories written by otel_verl or by the Collector's file exporter
 (same format). :func:`build` returns the report as a JSON-ready dict:
 
-- ``inputs``: files, lines, spans, traces, ``truncated`` (last lines cut short, skipped);
+- ``inputs``: files, lines, spans, traces, ``truncated`` (last lines cut short, skipped),
+  ``repaired`` (texts not well-formed UTF-8, read as U+FFFD), ``skipped_files`` (FIFOs,
+  sockets, devices, directories where a file was expected);
 - ``steps``: per ``verl.global_step`` the step span's duration, each stage's time
   (``stage_order`` gives the columns) and ``other_s`` (step time no stage covers);
 - ``rollout_latency``: per step, p50/p90/p99/max of the trajectory span durations;

@@ -327,6 +327,9 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
             "traces": len({s["traceId"] for s in spans}),
             "truncated": len(lines.truncated),
             "truncated_files": [{"path": t.path, "bytes": t.size} for t in lines.truncated],
+            "repaired": sum(lines.repaired.values()),
+            "repaired_files": [{"path": path, "characters": n} for path, n in lines.repaired.items()],
+            "skipped_files": [{"path": path, "what": what} for path, what in inputs.skipped],
             "legacy_files": {
                 "sample_csv": len(inputs.sample_csv),
                 "progress": len(inputs.progress_logs),

@@ -106,7 +106,8 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
         summary = f"the runs have the same shape: {shape_text(a['shape'])}"
     return {
         **{name: {"paths": r["inputs"]["paths"], "runs": r["runs"], "shape": r["shape"],
-                  "truncated_files": r["inputs"]["truncated_files"]} for name, r in (("a", a), ("b", b))},
+                  **{key: r["inputs"][key] for key in ("truncated_files", "repaired_files", "skipped_files")}}
+           for name, r in (("a", a), ("b", b))},
         "differences": differences,
         "summary": summary,
         "steps": steps,

@@ -4,18 +4,22 @@ A path is a trace dir (``{trace_dir}/otlp/*.jsonl`` plus the legacy ``sample/*.c
 ``progress/*.log`` and ``trajectory/*.jsonl`` next to it), a directory of OTLP-JSON files
 (the Collector file exporter's ``*.jsonl`` / ``*.json``), or such a file. Anything else is
 an :class:`InputError` with a one-line message; the command line shows it without a
-traceback.
+traceback. What cannot be read as a file (a FIFO, a socket, a device, a directory named
+like a file) is skipped and listed in :attr:`Inputs.skipped`; text that is not well-formed
+UTF-8 (a lone surrogate, or bytes that are not UTF-8) is read as U+FFFD and counted in
+:attr:`Lines.repaired`.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, NamedTuple, Sequence, Tuple
 
 from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
+from otel_verl.ids import repair_text
 
 OTLP_SUFFIXES = (".jsonl", ".json")
 METRICS_DIR = "otlp-metrics"  # beside otlp/ in a trace dir (bootstrap.METRICS_FILES_DIR)
@@ -37,20 +41,50 @@ class Inputs:
     metric_files: List[str] = field(default_factory=list)
     # each process's loss and failure counters, kept current beside its outputs
     loss_files: List[str] = field(default_factory=list)
+    # what the paths hold that is no file to read: (path, what it is)
+    skipped: List[Tuple[str, str]] = field(default_factory=list)
 
     @property
     def has_legacy(self) -> bool:
         return bool(self.sample_csv or self.progress_logs or self.trajectory_jsonl)
 
 
-def _otlp_files_in(directory: str) -> List[str]:
+def _not_a_file(path: str) -> str:
+    """What ``path`` is when it is not a regular file (``""`` for one): opening a FIFO or
+    a device would block or never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return "a broken link" if os.path.islink(path) else f"unreadable ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return ""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _files_in(directory: str, suffixes: Tuple[str, ...], out: Inputs, hidden: bool = True) -> List[str]:
+    """The regular files of ``directory`` whose names end with one of ``suffixes``;
+    anything else so named goes to ``out.skipped``."""
     if not os.path.isdir(directory):
         return []
-    return sorted(
-        os.path.join(directory, name)
-        for name in os.listdir(directory)
-        if name.endswith(OTLP_SUFFIXES) and os.path.isfile(os.path.join(directory, name))
-    )
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise InputError(f"{directory}: cannot read ({exc.strerror or exc})") from None
+    files = []
+    for name in sorted(names):
+        if not name.endswith(suffixes) or (not hidden and name.startswith(".")):
+            continue
+        path = os.path.join(directory, name)
+        what = _not_a_file(path)
+        if what:
+            out.skipped.append((path, what))
+        else:
+            files.append(path)
+    return files
 
 
 # what makes a directory a trace dir: its span files, its legacy files or its counters
@@ -66,23 +100,24 @@ def resolve(paths: Sequence[str]) -> Inputs:
     for path in paths:
         if not os.path.exists(path):
             raise InputError(f"{path}: no such file or directory")
-        if os.path.isfile(path):
+        what = _not_a_file(path)
+        if not what:
             out.otlp_files.append(path)
             continue
-        if not os.path.isdir(path):
-            raise InputError(f"{path}: not a file or directory")
+        if what != "a directory":
+            raise InputError(f"{path}: {what}, not a file or directory")
         if any(os.path.isdir(os.path.join(path, part)) for part in TRACE_DIR_PARTS):
             # a trace dir (otel_verl's, or a collector run dir); the spans may have gone to a
             # collector only, leaving the legacy files and the counters here
-            files = _otlp_files_in(os.path.join(path, "otlp"))
-            out.sample_csv += sorted(glob.glob(os.path.join(path, "sample", "*.csv")))
-            out.progress_logs += sorted(glob.glob(os.path.join(path, "progress", "*.log")))
-            out.trajectory_jsonl += sorted(glob.glob(os.path.join(path, "trajectory", "*.jsonl")))
-            out.metric_files += sorted(glob.glob(os.path.join(path, METRICS_DIR, "*.jsonl")))
-            out.loss_files += sorted(glob.glob(os.path.join(path, LOSSES_DIR, "*.json")))
+            files = _files_in(os.path.join(path, "otlp"), OTLP_SUFFIXES, out)
+            out.sample_csv += _files_in(os.path.join(path, "sample"), (".csv",), out, hidden=False)
+            out.progress_logs += _files_in(os.path.join(path, "progress"), (".log",), out, hidden=False)
+            out.trajectory_jsonl += _files_in(os.path.join(path, "trajectory"), (".jsonl",), out, hidden=False)
+            out.metric_files += _files_in(os.path.join(path, METRICS_DIR), (".jsonl",), out, hidden=False)
+            out.loss_files += _files_in(os.path.join(path, LOSSES_DIR), (".json",), out, hidden=False)
             found = files or out.sample_csv or out.progress_logs or out.loss_files or out.metric_files
         else:
-            files = found = _otlp_files_in(path)
+            files = found = _files_in(path, OTLP_SUFFIXES, out)
         if not found:
             raise InputError(f"{path}: no OTLP-JSON files (expected {os.path.join(path, 'otlp', '*.jsonl')} or *.jsonl / *.json in it)")
         out.otlp_files += files
@@ -97,13 +132,64 @@ class Truncated:
 
 @dataclass
 class Lines:
-    """What reading OTLP-JSON files found: truncated last lines are skipped, not errors."""
+    """What reading OTLP-JSON files found: truncated last lines are skipped, not errors;
+    text that is not well-formed UTF-8 is repaired (U+FFFD), not an error."""
 
     truncated: List[Truncated] = field(default_factory=list)
     lines: int = 0
+    repaired: Dict[str, int] = field(default_factory=dict)  # path -> characters read as U+FFFD in it
 
 
 _SIGNALS = {"resourceSpans": "trace", "resourceMetrics": "metric"}  # an OTLP line's list -> its data
+# what a line holding a lone surrogate has: its JSON escape, or (json.loads decodes bytes
+# with "surrogatepass") its UTF-8-like bytes, which start with 0xED
+_SURROGATE_MARKS = (b"\\ud", b"\\uD", b"\xed")
+
+
+class _Repair:
+    """Makes parsed JSON well-formed text: each lone surrogate of its strings (and keys)
+    becomes U+FFFD, counted in :attr:`characters`."""
+
+    def __init__(self) -> None:
+        self.characters = 0
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.text(k): self.value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        return value
+
+    def text(self, text: str) -> str:
+        if text.isascii():
+            return text
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            repaired = repair_text(text)
+            self.characters += repaired.count("\ufffd") - text.count("\ufffd")
+            return repaired
+
+
+def parse_line(raw: bytes) -> Tuple[Any, int]:
+    """``(the JSON value of raw, characters repaired)``: bytes that are not UTF-8 and lone
+    surrogates are read as U+FFFD, as a decoder shows what it cannot read. ValueError
+    when it is no JSON."""
+    repaired = 0
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", "replace")
+        obj = json.loads(text)  # ValueError when it is no JSON either
+        repaired = text.count("\ufffd") - raw.count("\ufffd".encode())  # the bytes read as U+FFFD
+    if any(mark in raw for mark in _SURROGATE_MARKS):
+        repair = _Repair()
+        obj = repair.value(obj)
+        repaired += repair.characters
+    return obj, repaired
 
 
 def iter_lines(files: Sequence[str], lines: Lines, data: str = "resourceSpans") -> Iterator[Tuple[str, int, Dict[str, Any]]]:
@@ -111,28 +197,50 @@ def iter_lines(files: Sequence[str], lines: Lines, data: str = "resourceSpans") 
     ``"resourceSpans"`` for trace files, ``"resourceMetrics"`` for metric files.
 
     A last line without its newline that does not parse is a file still being written
-    (or cut by a crash): recorded in ``lines.truncated`` and skipped. Any other line that
-    is not JSON, or JSON that is not OTLP data of that signal, is an :class:`InputError`."""
+    (or cut by a crash): recorded in ``lines.truncated`` and skipped. Text that is not
+    well-formed UTF-8 is repaired (:func:`parse_line`), counted in ``lines.repaired``. Any
+    other line that is not JSON, or JSON that is not OTLP data of that signal, and a file
+    that cannot be read, are an :class:`InputError`."""
     for path in files:
         try:
             f = open(path, "rb")
         except OSError as exc:
             raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
         with f:
-            for number, raw in enumerate(f, 1):
+            number = 0
+            while True:
+                try:
+                    raw = f.readline()
+                except OSError as exc:
+                    raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+                if not raw:
+                    break
+                number += 1
                 if not raw.strip():
                     continue
                 try:
-                    obj = json.loads(raw)
-                except ValueError:
+                    obj, repaired = parse_line(raw)
+                except ValueError as exc:
                     if not raw.endswith(b"\n"):
                         lines.truncated.append(Truncated(path, len(raw)))
                         continue
-                    raise InputError(f"{path}:{number}: not an OTLP-JSON line (is this a trace file?)") from None
+                    raise InputError(f"{path}:{number}: not an OTLP-JSON line (is this a trace file? "
+                                     f"{_json_error(exc)})") from None
                 if not isinstance(obj, dict) or not isinstance(obj.get(data), list):
                     raise InputError(f"{path}:{number}: JSON but not OTLP {_SIGNALS[data]} data (no \"{data}\" list)")
+                if repaired:
+                    lines.repaired[path] = lines.repaired.get(path, 0) + repaired
                 lines.lines += 1
                 yield path, number, obj
+
+
+def _json_error(exc: ValueError) -> str:
+    """Where the JSON parser stopped, in a few words."""
+    if isinstance(exc, json.JSONDecodeError):
+        if exc.pos >= len(exc.doc.rstrip()):
+            return "its JSON is cut short"
+        return f"{exc.msg} at character {exc.pos + 1}"
+    return type(exc).__name__
 
 
 def count_spans(obj: Dict[str, Any]) -> int:
@@ -154,6 +262,7 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
                     scope = (scope_spans.get("scope") or {}).get("name", "")
                     for span in scope_spans.get("spans") or ():
                         flat = flat_span(span, resource, scope)
+                        _check_types(flat)
                         flat["dropped"] = {  # what SDK span limits cut off
                             "attributes": int(span.get("droppedAttributesCount", 0)),
                             "events": int(span.get("droppedEventsCount", 0)),
@@ -163,6 +272,25 @@ def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
         except (AttributeError, TypeError, ValueError) as exc:
             raise InputError(f"{path}:{number}: malformed OTLP-JSON ({type(exc).__name__}: {exc})") from None
     return out
+
+
+_TEXT_FIELDS = ("traceId", "spanId", "name")
+
+
+def _check_types(flat: Dict[str, Any]) -> None:
+    """TypeError where a span's field has a type no OTLP-JSON writer gives it (the report
+    and the Perfetto writer read them as such)."""
+    for key in _TEXT_FIELDS:
+        if not isinstance(flat[key], str):
+            raise TypeError(f"span {key} {flat[key]!r} is not a string")
+    if not isinstance(flat["parentSpanId"], (str, type(None))):
+        raise TypeError(f"span parentSpanId {flat['parentSpanId']!r} is not a string")
+    if not isinstance(flat["kind"], int):
+        raise TypeError(f"span kind {flat['kind']!r} is not an integer")
+    for attributes in (flat["attributes"], flat["resource"]):
+        for key in attributes:
+            if not isinstance(key, str):
+                raise TypeError(f"attribute key {key!r} is not a string")
 
 
 class LossFiles(NamedTuple):

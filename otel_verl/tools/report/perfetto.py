@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -161,7 +161,7 @@ def write_spans(spans: Sequence[Dict[str, Any]], out_path: str) -> Written:
     written = Written(path=out_path, spans=len(spans), left_out=dict(layout.left_out))
     directory = os.path.dirname(os.path.abspath(out_path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".perfetto-", suffix=".tmp", dir=directory)
+        fd, tmp = _create_beside(directory)
     except OSError as exc:
         raise OutputError(f"{out_path}: cannot write the Perfetto trace ({exc.strerror or exc})") from None
     try:
@@ -183,6 +183,18 @@ def write_spans(spans: Sequence[Dict[str, Any]], out_path: str) -> Written:
     written.counter_tracks = len(layout.counters)
     written.counter_points = sum(len(counter.points) for counter in layout.counters)
     return written
+
+
+def _create_beside(directory: str) -> Tuple[int, str]:
+    """A new temporary file in ``directory``, made with the umask's mode as the PNG and the
+    JSON are (``tempfile.mkstemp`` makes 0600, which ``os.replace`` would keep)."""
+    for _ in range(100):
+        path = os.path.join(directory, f".perfetto-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {directory}")
 
 
 # --------------------------------------------------------------------------- layout
