@@ -170,6 +170,19 @@ def test_an_output_file_name_that_is_not_utf8_is_printed(hostile, tmp_path):
     assert os.path.exists(png)
 
 
+def test_loss_file_names_with_lone_surrogates_are_shown_with_replacement_characters(tmp_path):
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    os.makedirs(os.path.join(trace_dir, "losses"))
+    with open(os.path.join(trace_dir, "losses", "losses-host-pid1.json"), "w", encoding="utf-8") as f:
+        json.dump({"dropped": {f"otlp{SURROGATES[0]}": 3}, "failures": {f"x{SURROGATES[1]}": 1}, "final": True}, f)
+    proc = otel_verl("report", trace_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dropped otlp\ufffd=3; failures x\ufffd=1" in proc.stdout
+    proc = otel_verl("report", trace_dir, "--json")
+    assert json.loads(proc.stdout)["losses"]["recorded"] == {"dropped": {"otlp\ufffd": 3},
+                                                             "failures": {"x\ufffd": 1}}
+
+
 # --------------------------------------------------------------------------- files that are no files
 
 

@@ -311,8 +311,8 @@ def read_loss_files(files: Sequence[str]) -> LossFiles:
     not_shut_down = holding = 0
     for path in files:
         try:
-            with open(path, encoding="utf-8") as f:
-                obj = json.load(f)
+            with open(path, "rb") as f:
+                obj, _ = parse_line(f.read())  # names with a lone surrogate shown with U+FFFD
             counts = {"dropped": dict(obj.get("dropped") or {}), "failures": dict(obj.get("failures") or {}),
                       "unsent": {} if obj.get("final") else dict(obj.get("pending") or {})}
         except (OSError, ValueError, AttributeError, TypeError) as exc:
