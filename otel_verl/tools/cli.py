@@ -6,7 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import click
 
