@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -75,10 +76,18 @@ def activate() -> bool:
             if not settings.load().enabled:
                 return False
             _activated_pid = _pid
+        from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
+
         from otel_verl import bootstrap
         from otel_verl.instrumentation import VerlInstrumentor
 
         instrumentor = VerlInstrumentor()
+        conflict = get_dependency_conflicts(instrumentor.instrumentation_dependencies())
+        if conflict is not None:  # the instrumentor would print a bare "DependencyConflict"
+            why = "verl is not installed here" if conflict.found is None else f"{conflict.found} is not {conflict.required}"
+            logger.warning("otel_verl: tracing is off in %s: %s (install otel-verl[verl] where training runs)",
+                           sys.executable or "this Python", why)
+            return False
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(provider_for_role=bootstrap.provider_for_role)
         return True
