@@ -75,9 +75,11 @@ def check_colocate_async(summary):
     assert "PPOTrainerColocateAsync" in summary["trainer_classes"]
     assert summary["worker_group_calls"]["update_actor"] == STEPS
     # on_train_begin submits a warm-up batch: step 1 trains step-1 prompts, step 2 trains the
-    # remaining step-1 prompts (generated while step 1 trained) - a real off-policy step
+    # remaining step-1 prompts (generated while step 1 trained) - a real off-policy step. A
+    # step-1 prompt whose requests the pause turned away (the engine rejects while paused)
+    # retries after it, and a step-2 prompt may finish first and share step 2's batch.
     assert set(summary["trained_per_step"]["1"]["prompt_global_steps"]) == {1}
-    assert summary["trained_per_step"]["2"]["from_earlier_steps"] == PROMPTS * N
+    assert N <= summary["trained_per_step"]["2"]["from_earlier_steps"] <= PROMPTS * N
     # on_sample_end paused (aborted) the replicas each step
     assert summary["server"]["pauses"] >= STEPS
 
