@@ -165,21 +165,21 @@ def tracing_env(mode: str, trace_dir: str, endpoint: str) -> Dict[str, str]:
 
 
 def _export_process_pids(pid: Optional[int] = None) -> List[int]:
-    """The export processes (:mod:`otel_verl.offload`) started by process ``pid``."""
+    """The export processes (:mod:`otel_verl.offload`) serving process ``pid`` (this one by
+    default). They are no children of it (they detach to outlive it): found by the
+    ``--served-pid`` they were started with, less the short-lived starter, its child."""
     import psutil
 
-    try:
-        children = psutil.Process(pid).children()
-    except psutil.Error:
-        return []
-    return [c.pid for c in children if _is_export_process(c)]
-
-
-def _is_export_process(process: Any) -> bool:
-    try:
-        return "otel_verl.offload.host" in process.cmdline()
-    except Exception:  # gone meanwhile
-        return False
+    served = str(os.getpid() if pid is None else pid)
+    found = []
+    for process in psutil.process_iter(["cmdline", "ppid"]):
+        cmdline = process.info["cmdline"] or []
+        if "otel_verl.offload.host" not in cmdline or "--served-pid" not in cmdline:
+            continue
+        at = cmdline.index("--served-pid") + 1
+        if at < len(cmdline) and cmdline[at] == served and str(process.info["ppid"]) != served:
+            found.append(process.pid)
+    return found
 
 
 def _cpu_seconds(pid: int) -> float:
