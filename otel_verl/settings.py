@@ -59,6 +59,7 @@ OWN_PREFIX = "OTEL_VERL_"
 # (docker-compose.yml, collector-config/) and of its development scripts and tests.
 OTHER_VARIABLES = (
     "OTEL_VERL_WHEEL_CACHE",  # doctor's sglang/vLLM wheels (tools/engine_wheels.py)
+    "OTEL_VERL_CLICKHOUSE",  # report / query: a ClickHouse server's URL (tools/store/)
     "OTEL_VERL_DEMO_CACHE", "OTEL_VERL_DEMO_PROBE_DIR",  # the demo's tiny model, its probe
     "OTEL_VERL_REPLAY_GLOB",  # collector-config/otelcol-replay.yaml
     *(f"OTEL_VERL_{port}_PORT" for port in ("OTLP_GRPC", "OTLP_HTTP", "OTELCOL_METRICS", "JAEGER_UI", "TEMPO",

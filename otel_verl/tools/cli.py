@@ -698,6 +698,75 @@ def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -
         click.echo(f"comparison: {_shown(png)}")
 
 
+# --------------------------------------------------------------------------- query
+
+
+@main.command()
+@click.argument("args", nargs=-1, required=True, metavar="[PATHS]... SQL")
+@click.option("--clickhouse", metavar="URL", envvar="OTEL_VERL_CLICKHOUSE",
+              help="A ClickHouse server's store (http://user:password@host:8123/database) instead of a trace dir's "
+                   "[env: OTEL_VERL_CLICKHOUSE].")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def query(args: Tuple[str, ...], clickhouse: str | None, fmt: str) -> None:
+    """Run SQL on the span store's views (steps, stages, trajectories, llm_turns, tool_calls,
+    samples, ...; docs/STORE.md lists them). PATHS: a trace dir or OTLP-JSON files, loaded
+    into a chDB store beside the run (only what they gained since the last load); or
+    --clickhouse URL. The SQL may read, not write."""
+    from otel_verl.tools.store import query as queries
+
+    *paths, sql = args
+    with _store(tuple(paths), clickhouse) as store:
+        try:
+            names, rows = queries.run(store, sql)
+        except Exception as exc:  # the engine's message: the user's SQL is wrong
+            raise click.ClickException(f"query: {_first_line(exc)}") from None
+    if fmt == "csv":
+        click.echo(queries.as_csv(names, rows), nl=False)
+    elif fmt == "json":
+        click.echo(queries.as_json(names, rows))
+    else:
+        _print_rich(lambda console: queries.render_table(names, rows, console))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "DB::Exception" in line:  # the engine's own words, without the driver's wrapping
+            return line[line.index("DB::Exception") + len("DB::Exception: "):].strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Any:
+    """The store to read (:func:`otel_verl.tools.store.store.open_store`), with a warning
+    on stderr for each file and line of the inputs it could not read."""
+    from otel_verl.tools.report import InputError
+    from otel_verl.tools.store.store import open_store, rejected_lines
+
+    if not paths and not clickhouse:
+        raise click.ClickException("give a trace dir (or OTLP-JSON files) or --clickhouse URL")
+    try:
+        store, load, inputs = open_store(paths, clickhouse)
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
+    if inputs is not None:
+        for path, what in inputs.skipped:
+            _warn_skipped(path, what)
+    if load is not None:
+        for path, size in load.pending:
+            _warn_truncated(path, size)
+        for path, characters in load.repaired.items():
+            _warn_repaired(path, characters)
+        total, rejected = rejected_lines(store, SHOWN_REJECTED_LINES)
+        for path, line, why in rejected:
+            click.echo(f"warning: {_shown(path)}:{line}: {why}: skipped", err=True)
+        if total > len(rejected):
+            click.echo(f"warning: {total - len(rejected)} more line(s) that are no OTLP span data: skipped", err=True)
+    return store
+
+
+SHOWN_REJECTED_LINES = 20
+
+
 # --------------------------------------------------------------------------- replay
 
 
