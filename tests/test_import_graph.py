@@ -220,6 +220,7 @@ def test_carriers_never_import_the_configurator():
 
 
 TOOLS = ("otel_verl.tools",)  # doctor, report, replay and their helpers: never in a training process
+STORE_ENGINE = ("chdb", "clickhouse_connect")  # the span store's engine and client: the report's alone
 LEGACY = ("otel_verl.legacy",)
 
 
@@ -267,7 +268,7 @@ def test_a_traced_process_and_its_export_process_load_no_tool_module(tmp_path):
         assert otel_verl.configure()
         w.emit(1, w.new_uids(2), 2)
         otel_verl.shutdown()
-        print("MODULES", " ".join(sorted(m for m in sys.modules if m.startswith("otel_verl"))))
+        print("MODULES", " ".join(sorted(m for m in sys.modules if m.startswith(("otel_verl", "chdb", "clickhouse_connect")))))
     """)
     host_modules = tmp_path / "host_modules.txt"
     # the export process inherits PYTHONPATH: a sitecustomize there writes its modules at exit
@@ -280,7 +281,8 @@ def test_a_traced_process_and_its_export_process_load_no_tool_module(tmp_path):
             spec = getattr(sys.modules.get("__main__"), "__spec__", None)
             if spec is not None and spec.name == "otel_verl.offload.host":
                 with open({str(host_modules)!r}, "w") as f:
-                    f.write(" ".join(sorted(m for m in sys.modules if m.startswith("otel_verl"))))
+                    f.write(" ".join(sorted(m for m in sys.modules
+                                            if m.startswith(("otel_verl", "chdb", "clickhouse_connect")))))
 
         atexit.register(write_modules)
     """))
@@ -293,7 +295,7 @@ def test_a_traced_process_and_its_export_process_load_no_tool_module(tmp_path):
         [line] = [x for x in proc.stdout.splitlines() if x.startswith("MODULES ")]
         loaded = line.split()[1:]
         assert "otel_verl.legacy.trajectory_jsonl" in loaded or offload == "1"
-        assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded
+        assert not [m for m in loaded if _within(m, TOOLS + STORE_ENGINE + ("otel_verl.demo",))], loaded
     loaded = host_modules.read_text().split()
     assert "otel_verl.legacy.trajectory_jsonl" in loaded  # the export process wrote the outputs
-    assert not [m for m in loaded if _within(m, TOOLS + ("otel_verl.demo",))], loaded
+    assert not [m for m in loaded if _within(m, TOOLS + STORE_ENGINE + ("otel_verl.demo",))], loaded
