@@ -8,6 +8,7 @@ import base64
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Dict, List
@@ -356,3 +357,35 @@ def test_rejected_lines_are_counted_beyond_those_named(tmp_path, store_of):
     store = store_of(trace_dir)
     total, shown = rejected_lines(store, 20)
     assert total == 25 and len(shown) == 20 and not math.isnan(total)
+
+
+# --------------------------------------------------------------------------- docs/STORE.md
+
+DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "STORE.md")
+
+
+def test_the_docs_list_each_view_with_its_columns(tmp_path, store_of):
+    store = store_of(straggler_run().write(str(tmp_path / "run")))
+    documented = {}
+    for row in open(DOCS, encoding="utf-8"):
+        if row.startswith("| `"):
+            view, _, columns = (cell.strip() for cell in row.strip().strip("|").split("|"))
+            documented[view.strip("`")] = re.findall(r"`([a-z_0-9]+)` ", columns)
+    views = [r["name"] for r in store.rows("SELECT name FROM system.tables WHERE database = currentDatabase() "
+                                           "AND engine = 'View' ORDER BY name")]
+    assert sorted(documented) == views
+    for view in views:
+        assert documented[view] == [r["name"] for r in store.rows(f"DESCRIBE TABLE {view}")], view
+
+
+def test_the_docs_queries_run(tmp_path):
+    text = open(DOCS, encoding="utf-8").read()
+    block = text.split("```bash\n")[1].split("```")[0]
+    queries = [q.split('"', 1)[1].rsplit('"', 1)[0] for q in block.replace("\n  ", " ").split("\n")
+               if q.startswith("otel-verl query")]
+    assert len(queries) == 3
+    trace_dir = async_run().write(str(tmp_path / "run"))
+    for sql in queries:
+        proc = otel_verl("query", trace_dir, "--format", "json", sql)
+        assert proc.returncode == 0, (sql, proc.stderr)
+        json.loads(proc.stdout)

@@ -556,7 +556,7 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--png", type=click.Path(dir_okay=False), help="Draw the timeline (one row per step) into this PNG.")
 @click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Slowest trajectories to list.")
@@ -564,8 +564,14 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
               help="Also write the run as a Perfetto trace (open it in ui.perfetto.dev) into this file.")
 @click.option("--compare", is_flag=True,
               help="Compare two runs, PATHS = A B: steps, stages and rollout latency side by side with B/A (--png: as a figure).")
+@click.option("--steps", "step_range", metavar="A-B",
+              help="Only steps A to B (or one step A), from the span store: steps, stages, rollout latency, samples.")
+@click.option("--clickhouse", metavar="URL", envvar="OTEL_VERL_CLICKHOUSE",
+              help="Report from a ClickHouse server's span store (the Collector's clickhouse exporter fills it) "
+                   "[env: OTEL_VERL_CLICKHOUSE].")
+@click.option("--run", "run_id", metavar="ID", help="The run (verl.run_id) of a store that holds several.")
 def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, perfetto_path: str | None,
-           compare: bool) -> None:
+           compare: bool, step_range: str | None, clickhouse: str | None, run_id: str | None) -> None:
     """Where a run's time went: stage durations per step, rollout latency percentiles,
     the slowest trajectories split into LLM / tools / reward, the tail of each step
     (critical path, replicas, waiting, staleness), samples that never finished, losses.
@@ -575,6 +581,14 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
     from otel_verl.tools.report import build
 
+    if not paths and not clickhouse:
+        raise click.UsageError("Missing argument 'PATHS...' (or --clickhouse URL).")
+    if step_range or clickhouse or run_id:
+        if compare or png or perfetto_path:
+            raise click.ClickException("--steps, --clickhouse and --run report from the span store: its steps, "
+                                       "stages, rollout latency and samples (not yet --compare, --png or --perfetto)")
+        _report_from_store(paths, clickhouse, step_range, run_id, as_json)
+        return
     if compare and len(paths) != 2:
         raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
 
@@ -616,6 +630,30 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         click.echo(f"timeline: {_shown(png)}")
     for line in written.lines() if written is not None else ():
         click.echo(_shown(line))
+
+
+def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_range: str | None, run_id: str | None,
+                       as_json: bool) -> None:
+    import json
+
+    from otel_verl.tools.report import InputError
+    from otel_verl.tools.store import report as store_report
+
+    try:
+        steps = store_report.parse_steps(step_range) if step_range else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--steps") from None
+    with _store(paths, clickhouse) as store:
+        try:
+            data = store_report.build(store, run_id=run_id, steps=steps)
+        except InputError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    from otel_verl.tools.report.text import render_store_report
+
+    _print_rich(lambda console: render_store_report(data, console))
 
 
 def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:

@@ -88,16 +88,8 @@ def _render_tail(tail: Dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def render(report: Dict[str, Any], console: Console) -> None:
-    inputs = report["inputs"]
-    runs = ", ".join(report["runs"]) or "-"
-    console.print(
-        f"{inputs['spans']} spans in {inputs['traces']} traces from {len(inputs['otlp_files'])} file(s), "
-        f"{inputs['lines']} line(s); run {runs}; trainer {report['trainer'] or '-'}",
-        markup=False, highlight=False,
-    )
-    console.print(f"truncated: {inputs['truncated']}", markup=False, highlight=False)
-
+def _render_steps(report: Dict[str, Any], console: Console) -> None:
+    """The steps and rollout-latency tables: the in-memory report's and the store's."""
     stages = report["stage_order"]
     table = _table(console, "Steps (s): verl.step and its verl.stage spans", ["step", "total", *stages, "other"])
     for row in report["steps"]:
@@ -114,6 +106,35 @@ def render(report: Dict[str, Any], console: Console) -> None:
     for row in report["rollout_latency"]:
         table.add_row(str(row["step"]), str(row["count"]), _s(row["p50_s"]), _s(row["p90_s"]), _s(row["p99_s"]), _s(row["max_s"]))
     console.print(table)
+
+
+def render_store_report(report: Dict[str, Any], console: Console) -> None:
+    """The report the store built (:func:`otel_verl.tools.store.report.build`)."""
+    shape = report["shape"]
+    selected = report["selected_steps"]
+    console.print(
+        f"run {', '.join(report['runs']) or '-'}; trainer {report['trainer'] or '-'}; {shape['mode']}; "
+        f"{shape['prompts'] or '-'} prompts x {shape['n'] or '-'} a step; "
+        + (f"steps {selected[0]}-{selected[1]}" if selected else f"{shape['steps']} steps"),
+        markup=False, highlight=False,
+    )
+    _render_steps(report, console)
+    samples = report["samples"]
+    outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
+    console.print(f"Samples: {samples['roots']} verl.sample roots ({outcomes})", markup=False, highlight=False)
+
+
+def render(report: Dict[str, Any], console: Console) -> None:
+    inputs = report["inputs"]
+    runs = ", ".join(report["runs"]) or "-"
+    console.print(
+        f"{inputs['spans']} spans in {inputs['traces']} traces from {len(inputs['otlp_files'])} file(s), "
+        f"{inputs['lines']} line(s); run {runs}; trainer {report['trainer'] or '-'}",
+        markup=False, highlight=False,
+    )
+    console.print(f"truncated: {inputs['truncated']}", markup=False, highlight=False)
+
+    _render_steps(report, console)
 
     table = _table(
         console,

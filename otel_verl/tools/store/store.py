@@ -5,6 +5,7 @@ client (``clickhouse-connect``), one schema (``schema.sql``), one set of views
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from importlib import resources
@@ -76,10 +77,15 @@ class Store:
         """A ClickHouse server (``http(s)://user:password@host:port/database``) whose
         ``otel_traces`` the Collector writes; the views are created when missing."""
         clickhouse_connect = _clickhouse_connect()
+        driver_log = logging.getLogger("clickhouse_connect")
+        level = driver_log.level
+        driver_log.setLevel(logging.CRITICAL)  # its own line for a failed connect; ours says it once
         try:
             client = clickhouse_connect.get_client(dsn=url)
         except Exception as exc:  # the driver's errors name the host and the cause
             raise StoreUnavailable(f"ClickHouse at {_without_password(url)}: {_cause(exc)}") from None
+        finally:
+            driver_log.setLevel(level)
         store = cls(client)
         store.create()
         return store

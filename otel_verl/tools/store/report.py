@@ -1,0 +1,151 @@
+"""The report's sections as SQL on the store's views: what ``otel-verl report
+--clickhouse URL`` and ``--steps A-B`` print. Each section has the keys and values of the
+in-memory report's (:mod:`otel_verl.tools.report.analysis`; ``tests/test_store_report.py``
+holds them equal); Python only shapes rows the engine aggregated, at most one row per step
+and stage.
+
+Sections: ``steps`` (and ``stage_order``), ``rollout_latency``, ``trajectories``,
+``samples`` (roots and outcomes), ``shape``, ``runs``, ``trainer``, ``inputs``. The other
+sections of the in-memory report are not built here yet; ``sections`` lists those that are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from otel_verl import semconv as sc
+from otel_verl.tools.report.inputs import InputError
+from otel_verl.tools.store.store import Store
+
+SECTIONS = ("steps", "rollout_latency", "trajectories", "samples", "shape")
+STAGE_ORDER = [s.value for s in sc.Stage]
+
+# a step's time no stage covers: its stages clipped to it, sorted, and their union summed
+# (stages of one step may overlap: v1's generation and fetch_batch)
+_STEPS = """
+SELECT st.step AS step, any(st.start_ns) AS start_ns, any(st.duration_s) AS duration_s,
+    arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)),
+              arraySort(x -> x.1, groupArray((greatest(g.start_ns, st.start_ns), least(g.end_ns, st.end_ns)))),
+              (toInt64(0), toInt64(0))).1 AS covered_ns
+FROM (SELECT * FROM steps WHERE {where}) AS st
+LEFT JOIN (SELECT * FROM stages WHERE {where}) AS g ON g.run_id = st.run_id AND g.step = st.step
+GROUP BY st.step
+"""
+_STAGES = """
+SELECT step, stage, sum(duration_s) AS seconds, min(start_ns) AS start_ns
+FROM stages WHERE {where} GROUP BY step, stage
+"""
+_LATENCY = """
+SELECT step, count() AS count, quantilesExactInclusive(0.5, 0.9, 0.99)(duration_s) AS q, max(duration_s) AS max_s
+FROM trajectories WHERE NOT validate AND {where_nullable} GROUP BY step ORDER BY isNull(step), step
+"""
+_SAMPLES = "SELECT outcome, count() AS n FROM samples WHERE {run} GROUP BY outcome"
+_ASYNC = """
+SELECT count() > 0 AS later FROM sample_stages AS ss
+INNER JOIN (SELECT uid, min(step) AS generated FROM trajectories WHERE {run} AND step IS NOT NULL GROUP BY uid) AS t
+    ON t.uid = ss.uid
+WHERE {run_ss} AND ss.step > t.generated
+"""
+_PER_STEP = """
+SELECT max(prompts) AS prompts, max(n) AS n FROM (
+    SELECT step, uniqExact(uid) AS prompts, max(trajectories) AS n
+    FROM (SELECT step, uid, count() AS trajectories FROM trajectories WHERE NOT validate AND {run} GROUP BY step, uid)
+    GROUP BY step)
+"""
+
+
+def run_ids(store: Store) -> List[str]:
+    return [r[0] for r in store.query("SELECT DISTINCT RunId FROM otel_traces WHERE RunId != '' ORDER BY RunId")[1]]
+
+
+def pick_run(store: Store, run_id: Optional[str]) -> Optional[str]:
+    """The run to report on: ``run_id``, else the store's only one; an
+    :class:`InputError` naming them when it holds several."""
+    runs = run_ids(store)
+    if run_id is not None:
+        if run_id not in runs:
+            raise InputError(f"no run {run_id!r} in the store (it holds {', '.join(runs) or 'none'})")
+        return run_id
+    if len(runs) > 1:
+        raise InputError(f"the store holds {len(runs)} runs ({', '.join(runs)}): pick one with --run ID")
+    return runs[0] if runs else None
+
+
+def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+    """The SQL report of one run (:func:`pick_run`), of ``steps`` (first, last) when given."""
+    run = pick_run(store, run_id)
+    params: Dict[str, Any] = {"run": run or "", "first": steps[0] if steps else -1, "last": steps[1] if steps else 1 << 62}
+    run_filter = "run_id = {run:String}"
+    where = f"{run_filter} AND step BETWEEN {{first:Int64}} AND {{last:Int64}}"
+    where_nullable = where if steps else run_filter
+
+    stage_rows = store.rows(_STAGES.format(where=where), params)
+    step_rows = {r["step"]: r for r in store.rows(_STEPS.format(where=where), params)}
+    seen = {r["stage"] for r in stage_rows}
+    order = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
+    by_step: Dict[int, Dict[str, Any]] = {}
+    for r in stage_rows:
+        entry = by_step.setdefault(r["step"], {"stages": {}, "start_ns": r["start_ns"]})
+        entry["stages"][r["stage"]] = r["seconds"]
+        entry["start_ns"] = min(entry["start_ns"], r["start_ns"])
+    step_section = []
+    for step in sorted(set(step_rows) | set(by_step)):
+        span, stages = step_rows.get(step), by_step.get(step, {"stages": {}, "start_ns": None})
+        step_section.append({
+            "step": step,
+            "finished": span is not None,
+            "start_unix_nano": span["start_ns"] if span else stages["start_ns"],
+            "duration_s": span["duration_s"] if span else None,
+            "stages": {stage: stages["stages"][stage] for stage in order if stage in stages["stages"]},
+            "other_s": span["duration_s"] - span["covered_ns"] / 1e9 if span else None,
+        })
+
+    latency = [{"step": r["step"], "count": r["count"], "p50_s": r["q"][0], "p90_s": r["q"][1], "p99_s": r["q"][2],
+                "max_s": r["max_s"]} for r in store.rows(_LATENCY.format(where_nullable=where_nullable), params)]
+    sample_filter = run_filter
+    if steps:  # the samples those steps trained or staged
+        sample_filter += (" AND (trained_step BETWEEN {first:Int64} AND {last:Int64} OR uid IN (SELECT uid FROM "
+                          f"sample_stages WHERE {where}))")
+    outcomes = {r["outcome"] or "(none)": r["n"] for r in store.rows(_SAMPLES.format(run=sample_filter), params)}
+    fit = next(iter(store.rows("SELECT trainer, train_batch_size, rollout_n FROM runs WHERE run_id = {run:String} "
+                               "LIMIT 1", params)), {})
+    trainer = fit.get("trainer") or next(
+        (r["trainer"] for r in store.rows("SELECT trainer FROM steps WHERE run_id = {run:String} AND trainer != '' "
+                                          "LIMIT 1", params)), None)
+    layouts = [r["layout"] for r in store.rows(
+        "SELECT DISTINCT layout FROM (SELECT SpanAttributes['verl.layout'] AS layout FROM otel_traces "
+        "WHERE RunId = {run:String} AND SpanName IN ('verl.step', 'verl.fit')) WHERE layout != '' ORDER BY layout",
+        params)]
+    later = store.rows(_ASYNC.format(run=run_filter, run_ss="ss.run_id = {run:String}"), params)[0]["later"]
+    counted = store.rows(_PER_STEP.format(run=run_filter), params)[0]
+    return {
+        "sections": list(SECTIONS),
+        "runs": [run] if run else [],
+        "selected_steps": list(steps) if steps else None,
+        "trainer": trainer,
+        "shape": {
+            "trainer": trainer,
+            "layout": "/".join(layouts) or None,
+            "mode": "async" if later else "sync",
+            "prompts": fit.get("train_batch_size") or counted["prompts"] or None,
+            "n": fit.get("rollout_n") or counted["n"] or None,
+            "steps": len(step_section),
+        },
+        "stage_order": order,
+        "steps": step_section,
+        "rollout_latency": latency,
+        "trajectories": sum(r["count"] for r in latency),
+        "samples": {"roots": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))},
+    }
+
+
+def parse_steps(text: str) -> Tuple[int, int]:
+    """``"A-B"`` or ``"A"`` as ``(A, B)``; ValueError with a one-line message otherwise."""
+    first, sep, last = text.partition("-")
+    try:
+        a, b = int(first), int(last) if sep else int(first)
+    except ValueError:
+        raise ValueError(f"--steps {text!r}: expected A-B or A (step numbers)") from None
+    if a > b or a < 0:
+        raise ValueError(f"--steps {text!r}: expected A <= B, both >= 0")
+    return a, b

@@ -1,0 +1,122 @@
+"""The report's sections as SQL on the store (``otel_verl/tools/store/report.py``) equal
+the in-memory report's on the same spans; ``--steps`` selects steps; a store of several
+runs asks which."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from otel_verl.tools.report import InputError, build
+from otel_verl.tools.store import report as store_report
+from otel_verl.tools.store.store import open_store
+from otlp_runs import async_run, straggler_run
+
+pytest.importorskip("clickhouse_connect")
+
+
+def rounded(value):
+    if isinstance(value, float):
+        return None if math.isnan(value) else round(value, 6)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v) for v in value]
+    return value
+
+
+def same_sections(sql, memory):
+    for key in ("stage_order", "steps", "rollout_latency", "trajectories", "shape", "runs", "trainer"):
+        assert rounded(sql[key]) == rounded(memory[key]), key
+    assert sql["samples"] == {k: memory["samples"][k] for k in ("roots", "outcomes")}
+
+
+@pytest.fixture()
+def stores():
+    opened = []
+
+    def open_(path):
+        for s in opened:
+            s.close()
+        opened.clear()
+        store, _, _ = open_store([path], None)
+        opened.append(store)
+        return store
+
+    yield open_
+    for s in opened:
+        s.close()
+
+
+@pytest.mark.parametrize("make", [straggler_run, lambda: straggler_run(extra_step=True, lineage=False), async_run],
+                         ids=["sync", "three-steps", "async"])
+def test_the_sql_sections_equal_the_in_memory_report(tmp_path, stores, make):
+    trace_dir = make().write(str(tmp_path / "run"))
+    same_sections(store_report.build(stores(trace_dir)), build([trace_dir]))
+
+
+def test_steps_select_the_steps_and_their_trajectories(tmp_path, stores):
+    trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
+    memory = build([trace_dir])
+    sql = store_report.build(stores(trace_dir), steps=(2, 3))
+    assert [r["step"] for r in sql["steps"]] == [2, 3]
+    assert rounded(sql["steps"]) == rounded([r for r in memory["steps"] if r["step"] in (2, 3)])
+    assert rounded(sql["rollout_latency"]) == rounded([r for r in memory["rollout_latency"] if r["step"] in (2, 3)])
+    assert sql["samples"] == {"roots": 4, "outcomes": {"trained": 4}}  # u3/u4 of steps 2 and 3, not u1, u2
+
+
+def test_a_store_of_two_runs_asks_which(tmp_path, stores):
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    async_run().write(str(tmp_path / "other"))
+    import shutil
+    shutil.copy(str(tmp_path / "other" / "otlp" / "spans.jsonl"), str(tmp_path / "run" / "otlp" / "other.jsonl"))
+    store = stores(trace_dir)
+    with pytest.raises(InputError, match=r"holds 2 runs \(async-run, sync-run\): pick one with --run ID"):
+        store_report.build(store)
+    assert store_report.build(store, run_id="async-run")["shape"]["trainer"] == "PPOTrainerV1"
+    with pytest.raises(InputError, match="no run 'nope'"):
+        store_report.build(store, run_id="nope")
+
+
+@pytest.mark.parametrize("text, expected", [("3", (3, 3)), ("2-5", (2, 5))])
+def test_steps_parse(text, expected):
+    assert store_report.parse_steps(text) == expected
+
+
+@pytest.mark.parametrize("text", ["x", "5-2", "1-", "-1"])
+def test_steps_that_are_no_range_are_refused(text):
+    with pytest.raises(ValueError, match="--steps"):
+        store_report.parse_steps(text)
+
+
+def otel_verl(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "otel_verl.tools.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_report_steps_prints_those_steps(tmp_path):
+    import json
+
+    trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
+    text = otel_verl("report", trace_dir, "--steps", "2-3")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == "run sync-run; trainer RayPPOTrainer; sync; 2 prompts x 2 a step; steps 2-3"
+    rows = [line.split()[0] for line in text.stdout.splitlines() if line[:1].isdigit()]
+    assert rows == ["2", "3", "2", "3"]  # the steps table, then rollout latency
+    data = json.loads(otel_verl("report", trace_dir, "--steps", "3", "--json").stdout)
+    assert [r["step"] for r in data["steps"]] == [3] and data["selected_steps"] == [3, 3]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--steps", "3-1"), "Invalid value for --steps: expected A <= B"),
+    (("--steps", "1", "--png", "x.png"), "not yet --compare, --png or --perfetto"),
+    (("--run", "nope"), "no run 'nope' in the store (it holds sync-run)"),
+])
+def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, args, needle):
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    proc = otel_verl("report", trace_dir, *args)
+    assert proc.returncode in (1, 2) and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
