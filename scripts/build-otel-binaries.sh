@@ -5,7 +5,8 @@
 #   jaeger   Jaeger v2.13 (Go module github.com/jaegertracing/jaeger v1.76.0, cmd/jaeger)
 #   otelcol  minimal OpenTelemetry Collector from scripts/otelcol (go.mod/go.sum pinned):
 #            otlp + otlp_json_file receivers, batch + resource + tail_sampling
-#            processors, debug/otlp_grpc/otlp_http/file/prometheus/loadbalancing exporters
+#            processors, debug/otlp_grpc/otlp_http/file/prometheus/loadbalancing/clickhouse
+#            exporters
 #
 # A binary is built only when it is missing from the cache dir
 #   ${OTEL_VERL_BIN_CACHE:-$HOME/.cache/otel_verl/bin}

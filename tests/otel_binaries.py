@@ -5,7 +5,8 @@ Go module proxy into ``${OTEL_VERL_BIN_CACHE:-~/.cache/otel_verl/bin}``:
 
 * ``jaeger``  - Jaeger v2.13 (memory storage, OTLP in, /api/v3 query API)
 * ``otelcol`` - minimal OpenTelemetry Collector (otlp, otlp_json_file,
-  batch, resource, tail_sampling, debug, otlp_grpc, otlp_http, file, loadbalancing)
+  batch, resource, tail_sampling, debug, otlp_grpc, otlp_http, file, prometheus,
+  loadbalancing, clickhouse)
 
 When a binary is missing (or otelcol was built from other sources), the script
 runs first if ``OTEL_VERL_BUILD_BINARIES=1`` or ``CI=true``. If it is still unavailable, tests fail under CI and are skipped

@@ -11,16 +11,18 @@
 //	            gateway of the multi-node tail-sampling topology)
 //	exporters:  debug, otlp_grpc (alias otlp), otlp_http (alias otlphttp), file (contrib),
 //	            prometheus (contrib; serves the metrics pipeline for a Prometheus scrape),
-//	            loadbalancing (contrib; the per-node agent routes spans by trace id)
+//	            loadbalancing (contrib; the per-node agent routes spans by trace id),
+//	            clickhouse (contrib; writes the span store's otel_traces table on a
+//	            ClickHouse server)
 //
 // Config providers: env, file, yaml (so ${env:VAR:-default} works).
 //
-// Versions: core v0.161.0 (stable modules v1.67.0), contrib fileexporter,
-// prometheusexporter, loadbalancingexporter, resourceprocessor and tailsamplingprocessor
-// v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module proxy reachable here
-// refuses v0.160.0 and later of that module (and pkg/stanza v0.161.0) with "403
-// Forbidden ... This module version is not available", so go.mod pins v0.158.0, which
-// builds against core v0.161.0. Likewise the proxy refuses
+// Versions: core v0.161.0 (stable modules v1.67.0), contrib clickhouseexporter,
+// fileexporter, prometheusexporter, loadbalancingexporter, resourceprocessor and
+// tailsamplingprocessor v0.161.0, contrib otlpjsonfilereceiver v0.158.0: the Go module
+// proxy reachable here refuses v0.160.0 and later of that module (and pkg/stanza
+// v0.161.0) with "403 Forbidden ... This module version is not available", so go.mod
+// pins v0.158.0, which builds against core v0.161.0. Likewise the proxy refuses
 // github.com/aws/aws-sdk-go-v2/service/servicediscovery v1.48.0 (imported by
 // loadbalancingexporter v0.161.0 for its AWS Cloud Map resolver, which we do not use), so
 // go.mod replaces it with v1.40.2, an API-compatible release the proxy serves.
@@ -45,6 +47,7 @@ import (
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
+	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/clickhouseexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/prometheusexporter"
@@ -111,6 +114,7 @@ func components() (otelcol.Factories, error) {
 		fileexporter.NewFactory(),
 		prometheusexporter.NewFactory(),
 		loadbalancingexporter.NewFactory(),
+		clickhouseexporter.NewFactory(),
 	); err != nil {
 		return otelcol.Factories{}, err
 	}
@@ -121,6 +125,7 @@ func components() (otelcol.Factories, error) {
 		fileexporter.NewFactory().Type():          contrib + "exporter/fileexporter" + coreV,
 		prometheusexporter.NewFactory().Type():    contrib + "exporter/prometheusexporter" + coreV,
 		loadbalancingexporter.NewFactory().Type(): contrib + "exporter/loadbalancingexporter" + coreV,
+		clickhouseexporter.NewFactory().Type():    contrib + "exporter/clickhouseexporter" + coreV,
 	})
 	return f, nil
 }
