@@ -51,7 +51,8 @@ def test_config_files_found():
     names = {p.name for p in OTELCOL_CONFIGS}
     assert {"otelcol-file.yaml", "otelcol-jaeger.yaml", "otelcol-tempo.yaml",
             "otelcol-file-jaeger.yaml", "otelcol-replay.yaml", "otelcol-compose.yaml",
-            "otelcol-agent-loadbalancing.yaml", "otelcol-gateway-tailsampling.yaml"} <= names
+            "otelcol-agent-loadbalancing.yaml", "otelcol-gateway-tailsampling.yaml",
+            "otelcol-clickhouse.yaml"} <= names
 
 
 # the replay reads files; the tail-sampling gateway gets traces only (each node's agent
