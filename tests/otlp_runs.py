@@ -86,9 +86,11 @@ class Run:
         for stage, lo, hi in stages:
             self.span(sc.step_stage_span_name(stage), lo, hi, {**attrs, sc.STAGE: stage}, parent=root)
 
-    def sample(self, uid: str, start: float, end: float, trained_in: Optional[int] = None, **lineage: int) -> Dict[str, Any]:
+    def sample(self, uid: str, start: float, end: float, trained_in: Optional[int] = None,
+               traj_uids: Sequence[str] = (), **lineage: int) -> Dict[str, Any]:
         """A ``verl.sample`` root (``staleness=``, ``trained_step=`` become ``verl.staleness`` /
-        ``verl.trained_step``); ``trained_in``: a ``verl.sample_stage update_actor`` span in that step."""
+        ``verl.trained_step``); ``trained_in``: a ``verl.sample_stage update_actor`` span in that step,
+        listing ``traj_uids`` when given."""
         attrs: Dict[str, Any] = {sc.UID: uid, sc.SAMPLE_OUTCOME: "trained"}
         if "staleness" in lineage:
             attrs[sc.STALENESS] = lineage["staleness"]
@@ -97,9 +99,16 @@ class Run:
         root = self.span(sc.SPAN_SAMPLE, start, end, attrs)
         self.uids[root["spanId"]] = uid
         if trained_in is not None:
-            self.span(sc.sample_stage_span_name("update_actor"), end - 0.01, end,
-                      {sc.UID: uid, sc.GLOBAL_STEP: trained_in, sc.STAGE: "update_actor"}, parent=root)
+            self.sample_stage(root, "update_actor", trained_in, end - 0.01, end, traj_uids)
         return root
+
+    def sample_stage(self, root: Dict[str, Any], stage: str, step: int, start: float, end: float,
+                     traj_uids: Sequence[str] = ()) -> Dict[str, Any]:
+        """A ``verl.sample_stage {stage}`` span of the sample ``root`` in the training step ``step``."""
+        attrs: Dict[str, Any] = {sc.UID: self.uids[root["spanId"]], sc.GLOBAL_STEP: step, sc.STAGE: stage}
+        if traj_uids:
+            attrs[sc.TRAJ_UIDS] = list(traj_uids)
+        return self.span(sc.sample_stage_span_name(stage), start, end, attrs, parent=root)
 
     # ------------------------------------------------------------------ rollout side
 

@@ -81,15 +81,47 @@ def test_async_waits_come_from_the_overlap(tmp_path):
     # the rollouter runs in [0, 8] and [9.5, 10]: a4 stays open through the sync, but its
     # turn was aborted at 8.0 and resumed at 9.6
     assert wait["rollout_s"] == exact(1.5)
-    # replicas named by verl.llm.server_id; in step 1's window [5, 12] gpu-1 serves a2's and
-    # both of a4's attempts: [5, 7.8] u [5.2, 8.0] u [9.6, 10.8]
+    # replicas named by verl.llm.server_id; in step 1's window [-2, 8] (a1 and a2, which step 1
+    # trained) gpu-1 serves a2's attempt and a4's first one: [2.7, 7.8] u [5.2, 8.0]
+    load = _row(report, 1)["replicas"]
+    assert (load["busiest"]["replica"], load["busiest"]["busy_s"], load["busiest"]["requests"]) == ("gpu-1", exact(5.3), 2)
+    assert (load["idlest"]["replica"], load["idlest"]["busy_s"], load["idlest"]["requests"]) == ("gpu-0", exact(4.6), 1)
+
+
+def test_async_steps_tail_the_trajectories_they_trained(tmp_path):
+    """Step 1 trained a1 and a2, which step 0's weights generated; a4 (generated in step 1)
+    is step 2's by its root's verl.trained_step; a3, never trained, gated no step."""
+    report = _report(async_run(), tmp_path)
     row = _row(report, 1)
-    assert (row["critical_path"]["uid"], row["critical_path"]["replica"]) == ("a3", "gpu-0")
-    load = row["replicas"]
-    assert (load["busiest"]["replica"], load["busiest"]["busy_s"], load["busiest"]["requests"]) == ("gpu-1", exact(4.2), 3)
-    assert (load["idlest"]["replica"], load["idlest"]["busy_s"], load["idlest"]["requests"]) == ("gpu-0", exact(2.1), 1)
-    # step 0 produced trajectories but ran no step of its own: no waits to tell
-    assert _row(report, 0)["waiting"] is None and _row(report, 0)["critical_path"]["uid"] == "a2"
+    assert row["rollout_window"]["trajectories"] == 2 and row["rollout_window"]["generation_steps"] == [0]
+    assert row["rollout_window"]["wall_s"] == exact(10.0)
+    path = row["critical_path"]
+    assert (path["uid"], path["generation_step"], path["replica"]) == ("a2", 0, "gpu-1")
+    row = _row(report, 2)
+    assert (row["critical_path"]["uid"], row["critical_path"]["generation_step"]) == ("a4", 1)
+    assert row["waiting"] is None  # the run ends before step 2's span
+    assert [r["step"] for r in report["tail"]["steps"]] == [1, 2] and report["tail"]["untrained"] == 1
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "async-run")])
+    assert result.exit_code == 0, result.output
+    [line] = [line.split() for line in result.stdout.splitlines() if line.split()[:1] == ["1"] and "a2/0" in line]
+    assert line[:4] == ["1", "10.000", "a2/0", "0"]
+    assert "1 trajectories trained in no step" in result.stdout
+
+
+def test_a_trajectory_belongs_to_the_step_whose_sample_stage_lists_it(tmp_path):
+    """One prompt's two trajectories trained in different steps: each is its own step's,
+    by the verl.traj_uids of the sample-stage spans."""
+    run = Run("split", trainer="PPOTrainerV1", layout="disaggregated")
+    run.step(2, 10, 20, [("fetch_batch", 10, 12), ("update_actor", 12, 20)])
+    run.step(3, 20, 30, [("fetch_batch", 20, 22), ("update_actor", 22, 30)])
+    root = run.sample("p", 0, 29, trained_in=2, traj_uids=["0"])
+    run.sample_stage(root, "update_actor", 3, 28, 29, traj_uids=["1"])
+    run.trajectory(root, "0", 1, 1, 5)
+    run.trajectory(root, "1", 1, 2, 9)
+    report = _report(run, tmp_path)
+    assert report["shape"]["mode"] == "async"
+    paths = {r["step"]: (r["critical_path"]["traj_uid"], r["critical_path"]["generation_step"]) for r in report["tail"]["steps"]}
+    assert paths == {2: ("0", 1), 3: ("1", 1)}
 
 
 def test_the_staleness_histogram_per_trained_step(tmp_path):
@@ -125,8 +157,10 @@ def test_the_tail_in_text_and_json(tmp_path):
         return [line.split() for line in lines[start + 3:end]]
 
     assert table("Critical path per step") == [
-        ["1", "10.000", "u2/1", "0.000", "10.000", REPLICA_B, "1.000", "2.000", "5.000", "1.000", "0.200", "0.200", "0.600"],
-        ["2", "1.500", "u3-2/1", "0.000", "1.500", REPLICA_A, "0.100", "0.200", "0.300", "0.400", "0.000", "0.000", "0.500"],
+        ["1", "10.000", "u2/1", "1", "0.000", "10.000", REPLICA_B, "1.000", "2.000", "5.000", "1.000", "0.200", "0.200",
+         "0.600"],
+        ["2", "1.500", "u3-2/1", "2", "0.000", "1.500", REPLICA_A, "0.100", "0.200", "0.300", "0.400", "0.000", "0.000",
+         "0.500"],
     ]
     assert table("LLM server replicas per step (2 in the run)") == [
         ["1", REPLICA_B, "8.800", "2", REPLICA_A, "0.800", "2"],
@@ -154,7 +188,7 @@ def test_a_run_without_server_spans_or_ids_names_no_replica(tmp_path):
     assert row["waiting"] == {"step_s": exact(3.0), "training_s": exact(1.0), "rollout_s": exact(3.0)}
     result = CliRunner().invoke(main, ["report", str(tmp_path / "bare")])
     assert result.exit_code == 0 and "LLM server replicas: none named in these spans" in result.stdout
-    assert ["2", "-", "no", "trajectories", *["-"] * 10] in [line.split() for line in result.stdout.splitlines()]
+    assert ["2", "-", "no", "trajectories", *["-"] * 11] in [line.split() for line in result.stdout.splitlines()]
 
 
 def test_a_resumed_turns_requests_are_its_attempts_server_spans(tmp_path):

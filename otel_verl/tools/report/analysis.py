@@ -318,6 +318,7 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
     runs = sorted({str(s["resource"].get(sc.RUN_ID)) for s in spans if s["resource"].get(sc.RUN_ID)})
     fit = next((s["attributes"] for s in spans if s["name"] == sc.SPAN_FIT), {})
     trainer = fit.get(sc.TRAINER) or next((s["attributes"].get(sc.TRAINER) for s in spans if s["name"] == sc.SPAN_STEP), None)
+    shape = shape_section(spans, fit, trainer, steps, trajectories)
     return {
         "inputs": {
             "paths": list(paths),
@@ -338,13 +339,13 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
         },
         "runs": runs,
         "trainer": trainer,
-        "shape": shape_section(spans, fit, trainer, steps, trajectories),
+        "shape": shape,
         "stage_order": stage_order,
         "steps": steps,
         "rollout_latency": rollout_section(trajectories),
         "trajectories": len(trajectories),
         "slowest_trajectories": slowest_section(trajectories, index, top),
-        "tail": tail.tail_section(spans, index, trajectories),
+        "tail": tail.tail_section(spans, index, trajectories, asynchronous=shape["mode"] == "async"),
         "samples": samples_section(spans, inputs.sample_csv, unfinished_limit),
         "losses": losses_section(spans, trajectories, inputs, lines),
         "timeline": _timeline_data(spans, steps, trajectories),

@@ -5,8 +5,14 @@ loop waited for the other, and how stale the trained samples were.
 Definitions (the README's "Reading a run" says the same):
 
 - A step's **trajectories** are the training trajectory spans (``invoke_agent``, not
-  ``verl.validate``) with that ``verl.global_step`` (the step whose weights generated
-  them); its **rollout window** runs from the first one's start to the last one's end.
+  ``verl.validate``) that step trained: the ``verl.global_step`` of the
+  ``verl.sample_stage`` spans that list the trajectory in ``verl.traj_uids`` (the earliest,
+  should several steps list it), else of its sample's stage spans, else its sample root's
+  ``verl.trained_step``. In the sync modes a trajectory no step trained belongs to the step
+  that generated it (its own ``verl.global_step``); in the async ones, where a step trains
+  what earlier weights generated, it gated no step and is counted as ``untrained``. Each
+  row says the **generation steps** of its trajectories. A step's **rollout window** runs
+  from the first one's start to the last one's end.
 - The **critical-path trajectory** is the one that ended last (ties: the longer one): it
   set the end of the rollout window. Its split is :func:`spans.trajectory_split`'s, as
   for the slowest trajectories.
@@ -44,6 +50,7 @@ from otel_verl import semconv as sc
 from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex, clipped, is_llm_call, merged, stage_of,
                                     trajectory_split, union_s)
 
+SAMPLE_STAGE_PREFIX = sc.sample_stage_span_name("")
 WAITING_STAGES = (sc.Stage.GENERATION.value, sc.Stage.FETCH_BATCH.value)  # the trainer waits for samples
 NO_LINEAGE = "no lineage in these spans"
 
@@ -132,6 +139,53 @@ def _waiting(step_span: Dict[str, Any], stages: List[Dict[str, Any]], running: L
     }
 
 
+def trained_steps(spans: Iterable[Dict[str, Any]]) -> Tuple[Dict[Tuple[str, str], int], Dict[str, int]]:
+    """``({(uid, traj_uid): step}, {uid: step})``: the step that trained each trajectory
+    and each sample, from the ``verl.sample_stage`` spans (the earliest step that lists
+    them), then the sample roots' ``verl.trained_step``."""
+    per_traj: Dict[Tuple[str, str], int] = {}
+    per_uid: Dict[str, int] = {}
+    roots: Dict[str, int] = {}
+    for span in spans:
+        attrs = span["attributes"]
+        uid = attrs.get(sc.UID)
+        if not isinstance(uid, str):
+            continue
+        if span["name"] == sc.SPAN_SAMPLE:
+            trained = _int(attrs.get(sc.TRAINED_STEP))
+            if trained is not None:
+                roots[uid] = trained
+            continue
+        step = _int(attrs.get(sc.GLOBAL_STEP))
+        if step is None or not span["name"].startswith(SAMPLE_STAGE_PREFIX):
+            continue
+        per_uid[uid] = min(step, per_uid.get(uid, step))
+        for traj in attrs.get(sc.TRAJ_UIDS) or ():
+            key = (uid, str(traj))
+            per_traj[key] = min(step, per_traj.get(key, step))
+    return per_traj, {**roots, **per_uid}
+
+
+def _steps_of(trajectories: List[Dict[str, Any]], spans: List[Dict[str, Any]],
+              asynchronous: bool) -> Tuple[Dict[int, List[Dict[str, Any]]], int]:
+    """The trajectories by the step that trained them (see the module docstring), and how
+    many of them no step trained in an async run."""
+    per_traj, per_uid = trained_steps(spans)
+    by_step: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+    untrained = 0
+    for traj in trajectories:
+        attrs = traj["attributes"]
+        uid = attrs.get(sc.UID)
+        step = per_traj.get((uid, str(attrs.get(sc.TRAJ_UID))), per_uid.get(uid))
+        if step is None and not asynchronous:
+            step = _int(attrs.get(sc.GLOBAL_STEP))
+        if step is not None:
+            by_step[step].append(traj)
+        elif asynchronous:
+            untrained += 1
+    return by_step, untrained
+
+
 def staleness_section(spans: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     """Per ``verl.trained_step``, how many ``verl.sample`` roots had each ``verl.staleness``."""
     per_step: Dict[int, Counter] = defaultdict(Counter)
@@ -148,9 +202,11 @@ def staleness_section(spans: Iterable[Dict[str, Any]]) -> Dict[str, Any]:
     return {"lineage": bool(rows), "note": None if rows else NO_LINEAGE, "per_step": rows}
 
 
-def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """``{"replicas": every replica seen, "steps": one row per step, "staleness": ...}``."""
-    by_step: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: List[Dict[str, Any]],
+                 asynchronous: bool = False) -> Dict[str, Any]:
+    """``{"replicas": every replica seen, "steps": one row per step, "untrained": async
+    trajectories no step trained, "staleness": ...}``."""
+    by_step, untrained = _steps_of(trajectories, spans, asynchronous)
     requests: List[Request] = []
     running: List[Interval] = []
     requests_of: Dict[Tuple[str, str], List[Request]] = {}  # by (trace id, span id)
@@ -159,9 +215,6 @@ def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: Li
         requests += mine
         requests_of[(traj["traceId"], traj["spanId"])] = mine
         running += running_intervals(traj, index)
-        step = _int(traj["attributes"].get(sc.GLOBAL_STEP))
-        if step is not None:
-            by_step[step].append(traj)
     step_spans: Dict[int, Dict[str, Any]] = {}
     stages: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
     for span in spans:
@@ -181,11 +234,14 @@ def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: Li
         if trajs:
             window = (min(t["startTimeUnixNano"] for t in trajs), max(t["endTimeUnixNano"] for t in trajs))
             row["rollout_window"] = {"start_unix_nano": window[0], "end_unix_nano": window[1],
-                                     "wall_s": (window[1] - window[0]) / NS, "trajectories": len(trajs)}
+                                     "wall_s": (window[1] - window[0]) / NS, "trajectories": len(trajs),
+                                     "generation_steps": _generation_steps(trajs)}
             last = max(trajs, key=lambda t: (t["endTimeUnixNano"], t["endTimeUnixNano"] - t["startTimeUnixNano"],
                                              t["spanId"]))
             mine = requests_of[(last["traceId"], last["spanId"])]
-            row["critical_path"] = {**trajectory_split(last, index), "replica": _main_replica(mine),
+            row["critical_path"] = {**trajectory_split(last, index),
+                                    "generation_step": _int(last["attributes"].get(sc.GLOBAL_STEP)),
+                                    "replica": _main_replica(mine),
                                     "replicas": sorted({r for r, _, _ in mine}),
                                     "started_s": (last["startTimeUnixNano"] - window[0]) / NS}
             if replicas:
@@ -198,4 +254,8 @@ def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: Li
         if step in step_spans:
             row["waiting"] = _waiting(step_spans[step], stages.get(step, []), running)
         rows.append(row)
-    return {"replicas": replicas, "steps": rows, "staleness": staleness_section(spans)}
+    return {"replicas": replicas, "steps": rows, "untrained": untrained, "staleness": staleness_section(spans)}
+
+
+def _generation_steps(trajectories: List[Dict[str, Any]]) -> List[int]:
+    return sorted({step for step in (_int(t["attributes"].get(sc.GLOBAL_STEP)) for t in trajectories) if step is not None})

@@ -36,17 +36,21 @@ def _split_cells(t: Dict[str, Any]) -> List[str]:
 
 def _render_tail(tail: Dict[str, Any], console: Console) -> None:
     rows = tail["steps"]
-    table = _table(console, "Critical path per step (s): the trajectory that ended last in the step's rollout window "
-                   "(started: after the window's start), and the replica that served it",
-                   ["step", "rollout wall", "uid/traj", "started", "total", "replica", *SPLIT_COLUMNS])
+    table = _table(console, "Critical path per step (s): of the trajectories the step trained, the one that ended last "
+                   "(generated: in which step; started: after the window's start), and its replica",
+                   ["step", "rollout wall", "uid/traj", "generated", "started", "total", "replica", *SPLIT_COLUMNS])
     for row in rows:
         t = row["critical_path"]
         if t is None:
-            table.add_row(str(row["step"]), "-", "no trajectories", *["-"] * (3 + len(SPLIT_COLUMNS)))
+            table.add_row(str(row["step"]), "-", "no trajectories", *["-"] * (4 + len(SPLIT_COLUMNS)))
             continue
-        table.add_row(str(row["step"]), _s(row["rollout_window"]["wall_s"]), f"{t['uid']}/{t['traj_uid']}",
+        generated = "-" if t["generation_step"] is None else str(t["generation_step"])
+        table.add_row(str(row["step"]), _s(row["rollout_window"]["wall_s"]), f"{t['uid']}/{t['traj_uid']}", generated,
                       _s(t["started_s"]), _s(t["duration_s"]), t["replica"] or "-", *_split_cells(t))
     console.print(table)
+    if tail.get("untrained"):
+        console.print(f"{tail['untrained']} trajectories trained in no step (async: generated, never consumed): "
+                      "in no step's critical path", markup=False, highlight=False)
 
     if not tail["replicas"]:
         console.print()
