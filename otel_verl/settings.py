@@ -63,7 +63,8 @@ OTHER_VARIABLES = (
     "OTEL_VERL_DEMO_CACHE", "OTEL_VERL_DEMO_PROBE_DIR",  # the demo's tiny model, its probe
     "OTEL_VERL_REPLAY_GLOB",  # collector-config/otelcol-replay.yaml
     *(f"OTEL_VERL_{port}_PORT" for port in ("OTLP_GRPC", "OTLP_HTTP", "OTELCOL_METRICS", "JAEGER_UI", "TEMPO",
-                                            "PROMETHEUS", "GRAFANA")),  # docker-compose.yml
+                                            "PROMETHEUS", "GRAFANA", "CLICKHOUSE_HTTP", "CLICKHOUSE_OTLP_GRPC",
+                                            "CLICKHOUSE_OTLP_HTTP")),  # docker-compose.yml
     "OTEL_VERL_BIN_CACHE", "OTEL_VERL_BUILD_BINARIES", "OTEL_VERL_BUILD_TIMEOUT", "OTEL_VERL_SRC_CACHE",
     "OTEL_VERL_GO_BUILD_FLAGS", "OTEL_VERL_MLFLOW_VENV", "OTEL_VERL_TEST_MLFLOW",  # scripts/, tests/
 )

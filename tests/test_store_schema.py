@@ -142,3 +142,28 @@ def test_the_collector_config_inserts_into_the_table_the_schema_creates(client):
     create_schema(client)
     tables = {name for (name,) in client.query("SHOW TABLES").result_rows}
     assert exporter["traces_table_name"] in tables
+
+
+def test_docker_compose_creates_the_schema_before_its_collector_inserts():
+    """The compose profile's server runs schema.sql from this checkout at its start and
+    is healthy once the table exists; its collector runs otelcol-clickhouse.yaml against
+    it, with its credentials, after that."""
+    services = yaml.safe_load((ob.REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    server, collector = services["clickhouse"], services["otelcol-clickhouse"]
+    assert re.fullmatch(r"clickhouse/clickhouse-server:\d+\.\d+\.\d+\.\d+", server["image"])  # an exact version
+    mounts = dict(volume.split(":")[:2] for volume in server["volumes"])
+    init = {host for host, container in mounts.items() if container.startswith("/docker-entrypoint-initdb.d/")}
+    assert {(ob.REPO_ROOT / host).resolve() for host in init} == {(ob.REPO_ROOT / "otel_verl/tools/store/schema.sql")}
+    assert "EXISTS TABLE otel_traces" in " ".join(server["healthcheck"]["test"])
+
+    assert collector["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    config = {container: host for host, container in (v.split(":")[:2] for v in collector["volumes"])}
+    assert (ob.REPO_ROOT / config["/etc/otelcol/config.yaml"]).resolve() == CLICKHOUSE_CONFIG
+    env = collector["environment"]
+    assert env["CLICKHOUSE_ENDPOINT"] == "tcp://clickhouse:9000"  # the server's native port, inside compose
+    assert (env["CLICKHOUSE_USERNAME"], env["CLICKHOUSE_PASSWORD"]) == (
+        server["environment"]["CLICKHOUSE_USER"], server["environment"]["CLICKHOUSE_PASSWORD"])
+    exporter = yaml.safe_load(CLICKHOUSE_CONFIG.read_text())["exporters"]["clickhouse"]
+    read = {key: re.fullmatch(r"\$\{env:(\w+):-.*\}", exporter[key]).group(1)
+            for key in ("endpoint", "database", "username", "password")}
+    assert set(read.values()) == set(env)  # the config reads what compose sets, and only that
