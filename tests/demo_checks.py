@@ -64,3 +64,41 @@ def descendants(spans, root):
         out += kids
         todo += [k["spanId"] for k in kids]
     return out
+
+
+def assert_the_store_reports_the_same(trace_dir: str, report: Dict[str, Any], store_dir: str) -> None:
+    """The SQL report's sections on the run's spans, loaded into a store in ``store_dir``
+    (not the shared trace dir), equal ``report``'s (the in-memory report's JSON)."""
+    import pytest
+
+    pytest.importorskip("clickhouse_connect")
+    from otel_verl.tools.report.inputs import resolve
+    from otel_verl.tools.store import Store, report as store_report
+
+    store = Store.embedded(store_dir)
+    try:
+        store.load(resolve([trace_dir]).otlp_files)
+        sql = store_report.build(store)
+    finally:
+        store.close()
+    for key in ("stage_order", "trajectories", "shape", "runs", "trainer"):
+        assert sql[key] == report[key], key
+    for key in ("steps", "rollout_latency"):
+        _assert_close(sql[key], report[key], key)
+    assert sql["samples"] == {k: report["samples"][k] for k in ("roots", "outcomes")}
+
+
+def _assert_close(got: Any, want: Any, where: str) -> None:
+    """Equal, floats within a nanosecond (the store sums in another order)."""
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        assert abs(got - want) <= 1e-9 * max(1.0, abs(want)), (where, got, want)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), (where, got, want)
+        for key in want:
+            _assert_close(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), (where, got, want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_close(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, (where, got, want)

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 
 from otel_verl.tools.cli import main
 from otel_verl.exporters.otlp_json_file import spans_from_files
+import demo_checks
 
 if __package__:  # tests/ is a package
     from .otel_binaries import jaeger_server  # noqa: F401  (fixture)
@@ -123,9 +124,10 @@ def test_report_text_on_the_demo(demo):
 
 @pytest.mark.verl
 @pytest.mark.e2e
-def test_report_numbers_match_the_spans(demo):
+def test_report_numbers_match_the_spans(demo, tmp_path):
     trace_dir, spans = demo
     report = report_json(trace_dir, extra=("--top", "3"))
+    demo_checks.assert_the_store_reports_the_same(trace_dir, report, str(tmp_path / "store"))
     assert report["inputs"]["spans"] == len(spans)
     assert report["inputs"]["traces"] == len({s["traceId"] for s in spans})
     assert report["inputs"]["truncated"] == 0

@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+import demo_checks
+
 from otel_verl.exporters.otlp_json_file import spans_from_files
 from otel_verl.ids import trace_id_for_uid
 
@@ -320,6 +322,13 @@ def test_separation_trainer_run_in_perfetto(separation, tmp_path):
 
     trace_dir, _, _ = separation
     check_run_in_perfetto(trace_dir, tmp_path / "run.pftrace")
+
+
+def test_separation_trainer_report_on_the_store(separation, tmp_path):
+    from otel_verl.tools.report import build
+
+    trace_dir, _, _ = separation
+    demo_checks.assert_the_store_reports_the_same(trace_dir, build([trace_dir]), str(tmp_path / "store"))
 
 
 def test_separation_trainer_traces_each_uid_through_the_workers(separation):

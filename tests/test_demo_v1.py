@@ -13,6 +13,7 @@ import re
 import pytest
 
 from demo_checks import by_id, children, csv_rows, jsonl_lines, matches, progress_lines
+import demo_checks
 from otel_verl.exporters.otlp_json_file import spans_from_files
 from otel_verl.ids import trace_id_for_uid
 from test_harness_v1 import CHECKS, N, PROMPTS, STEPS
@@ -343,6 +344,7 @@ def test_report_on_v1_output_matches_its_spans(demo, tmp_path):
             assert row["stages"][stage] == pytest.approx(seconds)
     trajectories = [s for s in spans if s["name"].startswith("invoke_agent")]
     assert report["trajectories"] == len(trajectories)
+    demo_checks.assert_the_store_reports_the_same(trace_dir, report, str(tmp_path / "store"))
     assert sum(row["count"] for row in report["rollout_latency"]) == len(trajectories)
     outcomes = collections.Counter(r["attributes"]["verl.sample.outcome"] for r in _roots(spans))
     assert report["samples"]["outcomes"] == dict(outcomes)
