@@ -9,6 +9,9 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
   sockets, devices, directories where a file was expected);
 - ``steps``: per ``verl.global_step`` the step span's duration, each stage's time
   (``stage_order`` gives the columns) and ``other_s`` (step time no stage covers);
+- ``stage_overlap``: per step ``stages_union_s`` (the time any stage ran),
+  ``concurrent_stages`` (those that ran while another did) and ``concurrent_s`` (what the
+  stages' times add beyond their union; 0 when they ran one after another);
 - ``rollout_latency``: per step, p50/p90/p99/max of the trajectory span durations;
 - ``slowest_trajectories``: the slowest trajectories split into LLM (client; and the
   server's queue / prefill / decode when it reported them), tools, reward, other;

@@ -4,7 +4,10 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
 
 - **steps**: ``verl.step`` spans and their ``verl.stage {stage}`` spans, grouped by
   ``verl.global_step``; a stage's time is the sum of its spans in that step, ``other`` is
-  the step time no stage span covers.
+  the step time no stage span covers. Stages may run at once (v1's ``generation`` beside
+  ``fetch_batch``): each keeps its own time, and ``stage_overlap`` says per step the time
+  any ran (``stages_union_s``), how much more their times add to (``concurrent_s``) and
+  which ran while another did.
 - **rollout latency**: durations of the trajectory spans (``invoke_agent ...``) per
   ``verl.global_step``; validation trajectories (``verl.validate``) are left out.
 - **slowest trajectories**: the trajectory span split into LLM time (its ``chat`` /
@@ -28,6 +31,7 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import re
 from collections import Counter, defaultdict
@@ -37,7 +41,7 @@ from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as metric_names
 from otel_verl.tools.report import tail
 from otel_verl.tools.report.inputs import InputError, Inputs, Lines, read_counters, read_loss_files, read_spans, resolve
-from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory,
+from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory, merged,
                                     stage_of as _stage_of, training_trajectories, trajectory_split,
                                     union_s as _union_s)
 from otel_verl.tools.report.spans import server_split  # noqa: F401  (callers import it from here)
@@ -61,8 +65,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 # --------------------------------------------------------------------------- sections
 
 
-def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str, Any]]]:
-    """``(stage names in order, one row per step)``."""
+def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """``(stage names in order, one row per step, how each step's stages overlap)``."""
     step_spans: Dict[int, Dict[str, Any]] = {}
     stages: Dict[int, Dict[str, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for span in spans:
@@ -76,9 +80,13 @@ def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str
     seen = {stage for per_step in stages.values() for stage in per_step}
     order = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
     rows = []
+    overlap = []
     for step in sorted(set(step_spans) | set(stages)):
         span = step_spans.get(step)
         per_stage = stages.get(step, {})
+        intervals = {stage: [(s["startTimeUnixNano"], s["endTimeUnixNano"]) for s in per_stage[stage]]
+                     for stage in order if stage in per_stage}
+        overlap.append({"step": step, **concurrency(intervals)})
         row: Dict[str, Any] = {
             "step": step,
             "finished": span is not None,
@@ -96,7 +104,26 @@ def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str
             )
             row["other_s"] = row["duration_s"] - covered
         rows.append(row)
-    return order, rows
+    return order, rows, overlap
+
+
+def concurrency(intervals: Dict[str, List[Tuple[int, int]]]) -> Dict[str, Any]:
+    """How a step's stages overlap, from each stage's ``(start, end)`` intervals (ns):
+    ``stages_union_s``, the time any stage ran; ``concurrent_s``, what the stages' times
+    add beyond it (0 when they ran one after another); ``concurrent_stages``, the stages
+    that ran while another did."""
+    own = {stage: merged(spans_of) for stage, spans_of in intervals.items()}
+    union = _union_s(i for spans_of in own.values() for i in spans_of)
+    total = sum(hi - lo for spans_of in intervals.values() for lo, hi in spans_of) / NS
+    concurrent = set()
+    for (a, a_spans), (b, b_spans) in itertools.combinations(own.items(), 2):
+        if any(max(lo_a, lo_b) < min(hi_a, hi_b) for lo_a, hi_a in a_spans for lo_b, hi_b in b_spans):
+            concurrent.update((a, b))
+    return {
+        "stages_union_s": union,
+        "concurrent_s": max(0.0, total - union),
+        "concurrent_stages": [stage for stage in intervals if stage in concurrent],
+    }
 
 
 def rollout_section(trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -313,7 +340,7 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
     if not spans and not (inputs.loss_files or inputs.sample_csv or inputs.metric_files):
         raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
     index = _Index(spans)
-    stage_order, steps = steps_section(spans)
+    stage_order, steps, stage_overlap = steps_section(spans)
     trajectories = training_trajectories(spans)
     runs = sorted({str(s["resource"].get(sc.RUN_ID)) for s in spans if s["resource"].get(sc.RUN_ID)})
     fit = next((s["attributes"] for s in spans if s["name"] == sc.SPAN_FIT), {})
@@ -342,6 +369,7 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
         "shape": shape,
         "stage_order": stage_order,
         "steps": steps,
+        "stage_overlap": stage_overlap,
         "rollout_latency": rollout_section(trajectories),
         "trajectories": len(trajectories),
         "slowest_trajectories": slowest_section(trajectories, index, top),
@@ -376,4 +404,17 @@ def _timeline_data(spans: List[Dict[str, Any]], steps: List[Dict[str, Any]],
     for row in out.values():
         row["stages"].sort(key=lambda b: b["start_s"])
         row["trajectories"].sort(key=lambda b: b["start_s"])
+        _assign_lanes(row["stages"])
     return [out[step] for step in sorted(out)]
+
+
+def _assign_lanes(bars: List[Dict[str, Any]]) -> None:
+    """Give each bar (sorted by start) the first ``lane`` free at its start, so that
+    concurrent stages are drawn beside each other, not over each other."""
+    lane_ends: List[float] = []
+    for bar in bars:
+        lane = next((i for i, end in enumerate(lane_ends) if end <= bar["start_s"]), len(lane_ends))
+        if lane == len(lane_ends):
+            lane_ends.append(0.0)
+        lane_ends[lane] = bar["start_s"] + bar["duration_s"]
+        bar["lane"] = lane

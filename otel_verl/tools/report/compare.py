@@ -6,7 +6,9 @@ stages and rollout latency percentiles next to each other with the ratio B/A:
 
 - ``steps``: each step both runs have, its ``verl.step`` duration in A and B;
   ``steps_total`` their sum;
-- ``stages``: each stage both runs have (and ``other``), its time summed over those steps;
+- ``stages``: each stage both runs have (and ``other``), its time summed over those steps,
+  and ``concurrent``: whether it ran at once with another stage in one of them (the
+  stages' times then add to more than the steps');
 - ``rollout_latency``: each step both runs have trajectories for, the trajectory count
   and p50 / p90 / p99 / max of their durations;
 - ``differences``: where the runs' shapes (trainer, layout, sync/async, prompts per step,
@@ -71,13 +73,15 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     steps_total = _side(_sum([r["a_s"] for r in steps]), _sum([r["b_s"] for r in steps])) if steps else None
 
     shared_stages = [s for s in a["stage_order"] if s in b["stage_order"]]
+    concurrent = {stage for report in (a, b) for row in report["stage_overlap"] if row["step"] in shared_steps
+                  for stage in row["concurrent_stages"]}
     stages = []
     for stage in shared_stages + [OTHER]:
         def total(rows: Dict[Any, Dict[str, Any]]) -> Optional[float]:
             if stage == OTHER:
                 return _sum([rows[step]["other_s"] for step in shared_steps]) if shared_steps else None
             return sum(rows[step]["stages"].get(stage, 0.0) for step in shared_steps)
-        stages.append({"stage": stage, **_side(total(a_steps), total(b_steps))})
+        stages.append({"stage": stage, **_side(total(a_steps), total(b_steps)), "concurrent": stage in concurrent})
 
     a_lat = {row["step"]: row for row in a["rollout_latency"]}
     b_lat = {row["step"]: row for row in b["rollout_latency"]}

@@ -24,6 +24,7 @@ def _table(console: Console, title: str, columns: List[str]) -> Table:
     return table
 
 
+CONCURRENT_MARK = "*"  # after a stage's time: it overlapped another stage of the step
 SPLIT_COLUMNS = ["queue", "prefill", "decode", "client", "tools", "reward", "other"]
 
 
@@ -95,15 +96,25 @@ def _render_tail(tail: Dict[str, Any], console: Console) -> None:
 def _render_steps(report: Dict[str, Any], console: Console) -> None:
     """The steps and rollout-latency tables: the in-memory report's and the store's."""
     stages = report["stage_order"]
-    table = _table(console, "Steps (s): verl.step and its verl.stage spans", ["step", "total", *stages, "other"])
+    overlap = {row["step"]: row for row in report.get("stage_overlap", ())}
+    concurrent = any(row["concurrent_s"] > 0 for row in overlap.values())
+    table = _table(console, "Steps (s): verl.step and its verl.stage spans",
+                   ["step", "total", *stages, "other", *(["concurrent"] if concurrent else [])])
     for row in report["steps"]:
+        mine = overlap.get(row["step"], {})
+        marked = set(mine.get("concurrent_stages", ()))
         table.add_row(
             str(row["step"]) + ("" if row["finished"] else " (open)"),
             _s(row["duration_s"]),
-            *(_s(row["stages"].get(stage)) for stage in stages),
+            *(_s(row["stages"].get(stage)) + (CONCURRENT_MARK if stage in marked else "") for stage in stages),
             _s(row["other_s"]),
+            *([_s(mine.get("concurrent_s"))] if concurrent else []),
         )
     console.print(table)
+    if concurrent:
+        console.print(f"{CONCURRENT_MARK} ran while another stage ran: each stage's time is its own, so a step's stage "
+                      "columns add to more than it by 'concurrent' (total = stages - concurrent + other)",
+                      markup=False, highlight=False)
 
     table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans",
                    ["step", "trajectories", "p50", "p90", "p99", "max"])
@@ -207,8 +218,12 @@ def render_comparison(comparison: Dict[str, Any], console: Console) -> None:
 
     table = _table(console, "Stages (s) summed over the steps both runs have", ["stage", "A", "B", "B/A"])
     for row in comparison["stages"]:
-        table.add_row(row["stage"], _s(row["a_s"]), _s(row["b_s"]), _ratio(row["ratio"]))
+        table.add_row(row["stage"] + (CONCURRENT_MARK if row["concurrent"] else ""), _s(row["a_s"]), _s(row["b_s"]),
+                      _ratio(row["ratio"]))
     console.print(table)
+    if any(row["concurrent"] for row in comparison["stages"]):
+        console.print(f"{CONCURRENT_MARK} ran while another stage ran: the stages add to more than the steps",
+                      markup=False, highlight=False)
 
     table = _table(console, "Rollout latency per step (s): trajectory (invoke_agent) spans",
                    ["step", "", "A", "B", "B/A"])

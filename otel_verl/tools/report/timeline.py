@@ -1,8 +1,8 @@
 """The timeline picture of ``otel-verl report --png``: one row per training step.
 
 Each row holds two panels on the same clock (seconds since the step started): on the
-left the step's stage Gantt (``verl.stage`` spans as coloured bars, the span of its
-rollouts as a bar below), on the right the rollout window, each trajectory
+left the step's stage Gantt (``verl.stage`` spans as coloured bars, stages that ran at
+once in lanes of their own, the span of its rollouts as a bar below), on the right the rollout window, each trajectory
 (``invoke_agent`` span) a thin bar, stacked by start time. A run longer than
 ``MAX_ROWS`` steps shows that many, evenly spread from the first to the last. Rendered
 with matplotlib's Agg backend (no display needed); matplotlib comes with the ``report``
@@ -21,6 +21,7 @@ WIDTH_INCHES = 11.0
 DPI = 90
 TRAJECTORY_COLOR = "#3b3b3b"
 MAX_ROWS = 24
+STAGE_BAND = (0.4, 0.6)  # (bottom, height) of the stages' bars in a step's Gantt, shared by its lanes
 
 
 def _shown(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -35,11 +36,16 @@ def layout(report: Dict[str, Any]) -> Dict[str, Any]:
     rows = _shown(report["timeline"])
     return {
         "steps_total": len(report["timeline"]),
-        "rows": [{"step": r["step"], "stage_bars": len(r["stages"]), "trajectory_bars": len(r["trajectories"])} for r in rows],
+        "rows": [{"step": r["step"], "stage_bars": len(r["stages"]), "stage_lanes": _lanes(r),
+                  "trajectory_bars": len(r["trajectories"])} for r in rows],
         "width_px": round(WIDTH_INCHES * DPI),
         "height_px": round((HEADER_INCHES + FOOTER_INCHES + ROW_INCHES * max(1, len(rows))) * DPI),
         "stages": sorted({b["stage"] for r in rows for b in r["stages"]}, key=_stage_key(report)),
     }
+
+
+def _lanes(row: Dict[str, Any]) -> int:
+    return 1 + max((b.get("lane", 0) for b in row["stages"]), default=0)
 
 
 def _stage_key(report: Dict[str, Any]):
@@ -86,8 +92,11 @@ def draw(report: Dict[str, Any], path: str) -> Dict[str, Any]:
         for (gantt, rollout), row in zip(axes, rows):
             trajs = row["trajectories"]
             # left: the whole step, stages as bars; the trajectories' window as a thin bar below
+            lane_height = STAGE_BAND[1] / _lanes(row)
             for b in row["stages"]:
-                gantt.broken_barh([(b["start_s"], b["duration_s"])], (0.4, 0.6), facecolors=colors[b["stage"]])
+                gantt.broken_barh([(b["start_s"], b["duration_s"])],
+                                  (STAGE_BAND[0] + b.get("lane", 0) * lane_height, lane_height * 0.9),
+                                  facecolors=colors[b["stage"]])
             if trajs:
                 lo = min(b["start_s"] for b in trajs)
                 hi = max(b["start_s"] + b["duration_s"] for b in trajs)
