@@ -143,7 +143,7 @@ class Lines:
 _SIGNALS = {"resourceSpans": "trace", "resourceMetrics": "metric"}  # an OTLP line's list -> its data
 # what a line holding a lone surrogate has: its JSON escape, or (json.loads decodes bytes
 # with "surrogatepass") its UTF-8-like bytes, which start with 0xED
-_SURROGATE_MARKS = (b"\\ud", b"\\uD", b"\xed")
+SURROGATE_MARKS = (b"\\ud", b"\\uD", b"\xed")
 
 
 class _Repair:
@@ -185,7 +185,7 @@ def parse_line(raw: bytes) -> Tuple[Any, int]:
         text = raw.decode("utf-8", "replace")
         obj = json.loads(text)  # ValueError when it is no JSON either
         repaired = text.count("\ufffd") - raw.count("\ufffd".encode())  # the bytes read as U+FFFD
-    if any(mark in raw for mark in _SURROGATE_MARKS):
+    if any(mark in raw for mark in SURROGATE_MARKS):
         repair = _Repair()
         obj = repair.value(obj)
         repaired += repair.characters

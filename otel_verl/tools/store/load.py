@@ -1,11 +1,11 @@
 """Loading OTLP-JSON span files into the store's ``otel_traces``: the engine parses them.
 
 Python reads each file from where the last load stopped to its last whole line and hands
-the lines to the engine as text; SQL turns each span into a row as the Collector's
-``clickhouseexporter`` does (attribute values as strings, kind and status as words), so a
-store loaded from files and one the Collector wrote answer the same queries. Where the two
-differ: a double is written as ClickHouse prints it (``1e+21`` is ``1e21``), an array or
-map attribute's JSON keeps the order of its elements and keys, and ``/`` in it is ``\\/``.
+the lines to the engine, which parses them (JSONEachRow, typed); SQL turns each span into a
+row as the Collector's ``clickhouseexporter`` does (attribute values as strings, kind and
+status as words), so a store loaded from files and one the Collector wrote answer the same
+queries. Where the two differ: a double is written as ClickHouse prints it (``1e+21`` is
+``1e21``), and an array or map attribute's JSON keeps the order of its elements and keys.
 
 What a line holds that is no OTLP span data is counted and named (file and line), never
 fatal; a last line without its newline is a file still being written, left for the next
@@ -20,12 +20,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from otel_verl.tools.report.inputs import InputError, parse_line
+from otel_verl.tools.report.inputs import SURROGATE_MARKS, InputError, parse_line
 
 FILES_TABLE = "otel_verl_files"  # what was loaded from each file, and where it stopped
 LINES_TABLE = "otel_verl_lines"  # the lines of one load, until they are spans
 CHUNK_BYTES = 64 * 1024 * 1024  # the lines handed to the engine at once
-_REPAIR_MARKS = (b"\\ud", b"\\uD", b"\xed")  # a line that may hold a lone surrogate
 
 # One OTLP line, typed as the engine reads it (JSONEachRow): what no field names is skipped,
 # numbers written as strings (intValue, the times) are read as numbers, an array or map
@@ -252,7 +251,7 @@ class _Loader:
             number += 1
             if not raw.strip():
                 continue
-            if any(mark in raw for mark in _REPAIR_MARKS) or not raw.isascii() and not _is_utf8(raw):
+            if any(mark in raw for mark in SURROGATE_MARKS) or not raw.isascii() and not _is_utf8(raw):
                 raw = self._repaired(state, raw)
             lines.append((number, raw))
         try:
