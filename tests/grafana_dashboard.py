@@ -28,10 +28,23 @@ def dashboards() -> Dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS_DIR.glob("*.json"))}
 
 
+def dashboards_on(source_type: str) -> Dict[str, dict]:
+    """The dashboards that query a datasource of that type."""
+    return {name: d for name, d in dashboards().items() if source_type in datasource_types(d)}
+
+
 def all_panels(dashboard: dict) -> Iterator[dict]:
     for panel in dashboard.get("panels", []):
         yield panel
         yield from panel.get("panels", [])  # a collapsed row holds its panels
+
+
+def datasource_types(dashboard: dict) -> Set[str]:
+    """The types of the datasources its panels, their targets and its variables query."""
+    sources = [v["datasource"] for v in dashboard.get("templating", {}).get("list", []) if "datasource" in v]
+    for panel in all_panels(dashboard):
+        sources += [panel.get("datasource")] + [t.get("datasource") for t in panel.get("targets", [])]
+    return {source["type"] for source in sources if source}
 
 
 def prometheus_exprs(dashboard: dict) -> List[str]:

@@ -11,7 +11,7 @@ import yaml
 import grafana_dashboard as gd
 
 COMPOSE = gd.REPO_ROOT / "docker-compose.yml"
-PANEL_TYPES = {"timeseries", "table", "row", "stat", "bargauge", "text", "heatmap"}
+PANEL_TYPES = {"timeseries", "table", "row", "stat", "bargauge", "barchart", "text", "heatmap"}
 
 
 def _datasources() -> dict:
@@ -83,6 +83,8 @@ def test_every_datasource_is_a_provisioned_one_with_queries_of_its_kind(name):
                 assert target["expr"].strip(), panel["title"]
             elif source["type"] == "tempo":
                 assert target["queryType"] == "traceql" and target["query"].startswith("{"), panel["title"]
+            elif source["type"] == "grafana-clickhouse-datasource":  # tests/test_dashboard_clickhouse.py runs it
+                assert target["editorType"] == "sql" and target["rawSql"].lstrip().startswith(("SELECT", "WITH"))
     for source in used:
         assert source["uid"] in provisioned, source
         assert provisioned[source["uid"]]["type"] == source["type"], source
@@ -144,3 +146,21 @@ def test_tempo_runs_its_metrics_generator_into_prometheus():
     assert write["url"].startswith(_datasources()["prometheus"]["url"])
     command = yaml.safe_load(COMPOSE.read_text())["services"]["prometheus"]["command"]
     assert "--web.enable-remote-write-receiver" in command
+
+
+def test_the_clickhouse_datasource_reads_the_server_compose_runs():
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    env = _grafana_service()["environment"]
+    source = _datasources()["clickhouse"]
+    preinstalled = [p.split("@")[0] for p in env["GF_PLUGINS_PREINSTALL_SYNC"].split(",")]
+    assert source["type"] in preinstalled
+    # Grafana expands $NAME and ${NAME} in provisioning files from its environment
+    used = set(re.findall(r"\$\{?(\w+)\}?", yaml.safe_dump(source)))
+    assert used and used <= set(env), used - set(env)
+    expanded = yaml.safe_load(re.sub(r"\$\{?(\w+)\}?", lambda m: str(env[m[1]]), yaml.safe_dump(source)))
+    server = services[expanded["jsonData"]["host"]]
+    assert server["image"].startswith("clickhouse/clickhouse-server:")
+    assert any(p.endswith(f":{expanded['jsonData']['port']}") for p in server["ports"])
+    assert expanded["jsonData"]["protocol"] == "http" and expanded["jsonData"]["port"] == 8123
+    assert (expanded["jsonData"]["username"], expanded["secureJsonData"]["password"]) == (
+        server["environment"]["CLICKHOUSE_USER"], server["environment"]["CLICKHOUSE_PASSWORD"])
