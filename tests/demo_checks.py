@@ -83,7 +83,7 @@ def assert_the_store_reports_the_same(trace_dir: str, report: Dict[str, Any], st
         store.close()
     for key in ("stage_order", "trajectories", "shape", "runs", "trainer"):
         assert sql[key] == report[key], key
-    for key in ("steps", "rollout_latency"):
+    for key in ("steps", "stage_overlap", "rollout_latency"):
         _assert_close(sql[key], report[key], key)
     assert sql["samples"] == {k: report["samples"][k] for k in ("roots", "outcomes")}
 

@@ -27,7 +27,7 @@ def rounded(value):
 
 
 def same_sections(sql, memory):
-    for key in ("stage_order", "steps", "rollout_latency", "trajectories", "shape", "runs", "trainer"):
+    for key in ("stage_order", "steps", "stage_overlap", "rollout_latency", "trajectories", "shape", "runs", "trainer"):
         assert rounded(sql[key]) == rounded(memory[key]), key
     assert sql["samples"] == {k: memory["samples"][k] for k in ("roots", "outcomes")}
 

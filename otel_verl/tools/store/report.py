@@ -4,7 +4,7 @@ in-memory report's (:mod:`otel_verl.tools.report.analysis`; ``tests/test_store_r
 holds them equal); Python only shapes rows the engine aggregated, at most one row per step
 and stage.
 
-Sections: ``steps`` (and ``stage_order``), ``rollout_latency``, ``trajectories``,
+Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency``, ``trajectories``,
 ``samples`` (roots and outcomes), ``shape``, ``runs``, ``trainer``, ``inputs``. The other
 sections of the in-memory report are not built here yet; ``sections`` lists those that are.
 """
@@ -17,7 +17,7 @@ from otel_verl import semconv as sc
 from otel_verl.tools.report.inputs import InputError
 from otel_verl.tools.store.store import Store
 
-SECTIONS = ("steps", "rollout_latency", "trajectories", "samples", "shape")
+SECTIONS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "samples", "shape")
 STAGE_ORDER = [s.value for s in sc.Stage]
 
 # a step's time no stage covers: its stages clipped to it, sorted, and their union summed
@@ -34,6 +34,20 @@ GROUP BY st.step
 _STAGES = """
 SELECT step, stage, sum(duration_s) AS seconds, min(start_ns) AS start_ns
 FROM stages WHERE {where} GROUP BY step, stage
+"""
+# how a step's stages overlap (analysis.concurrency): the time any ran, what their times add
+# beyond it, and the stages that ran while another did
+_UNION = """
+SELECT step, sum(end_ns - start_ns) AS total_ns,
+    arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)),
+              arraySort(x -> x.1, groupArray((start_ns, end_ns))), (toInt64(0), toInt64(0))).1 AS union_ns
+FROM stages WHERE {where} GROUP BY step
+"""
+_CONCURRENT = """
+SELECT DISTINCT a.step AS step, a.stage AS stage
+FROM (SELECT * FROM stages WHERE {where}) AS a
+INNER JOIN (SELECT * FROM stages WHERE {where}) AS b ON a.run_id = b.run_id AND a.step = b.step
+WHERE a.stage != b.stage AND greatest(a.start_ns, b.start_ns) < least(a.end_ns, b.end_ns)
 """
 _LATENCY = """
 SELECT step, count() AS count, quantilesExactInclusive(0.5, 0.9, 0.99)(duration_s) AS q, max(duration_s) AS max_s
@@ -100,6 +114,17 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
             "other_s": span["duration_s"] - span["covered_ns"] / 1e9 if span else None,
         })
 
+    unions = {r["step"]: r for r in store.rows(_UNION.format(where=where), params)}
+    concurrent: Dict[int, set] = {}
+    for r in store.rows(_CONCURRENT.format(where=where), params):
+        concurrent.setdefault(r["step"], set()).add(r["stage"])
+    overlap = []
+    for row in step_section:
+        union = unions.get(row["step"], {"total_ns": 0, "union_ns": 0})
+        overlap.append({"step": row["step"], "stages_union_s": union["union_ns"] / 1e9,
+                        "concurrent_s": max(0.0, (union["total_ns"] - union["union_ns"]) / 1e9),
+                        "concurrent_stages": [s for s in row["stages"] if s in concurrent.get(row["step"], ())]})
+
     latency = [{"step": r["step"], "count": r["count"], "p50_s": r["q"][0], "p90_s": r["q"][1], "p99_s": r["q"][2],
                 "max_s": r["max_s"]} for r in store.rows(_LATENCY.format(where_nullable=where_nullable), params)]
     sample_filter = run_filter
@@ -133,6 +158,7 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         },
         "stage_order": order,
         "steps": step_section,
+        "stage_overlap": overlap,
         "rollout_latency": latency,
         "trajectories": sum(r["count"] for r in latency),
         "samples": {"roots": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))},
