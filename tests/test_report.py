@@ -13,6 +13,7 @@ from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
 from otel_verl.tools.report import build
 from otel_verl.tools.report.inputs import read_counters
+from otlp_runs import straggler_run
 
 
 def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:
@@ -78,6 +79,50 @@ def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tm
     assert [(c["legacy"], c["trajectory_spans"], c["verdict"]) for c in checks] == [
         (1, 1, "consistent"), (1, 1, "consistent"),
         (2, 1, "1 started and never finished: running when the run ended, or their process died")]
+
+
+def _collector_run_dir(trace_dir) -> str:
+    """What a run with an OTLP endpoint leaves in its trace dir: the legacy files (here a
+    progress log of two finished trajectories) and a loss file; no spans, no metric files."""
+    from otel_verl.exporters.loss_file import LossFileProcessor
+
+    LossFileProcessor(str(trace_dir), {"verl.role": "trainer", "verl.run_id": "run-7"}).shutdown()
+    (trace_dir / "progress").mkdir()
+    (trace_dir / "progress" / "progress.log").write_text(
+        "Task u1/0 is completed, reward 1.0\nTask u1/1 is completed, reward 0.0\n", encoding="utf-8")
+    return str(trace_dir)
+
+
+def test_a_trace_dir_whose_spans_went_to_a_collector_says_where_they_are(tmp_path):
+    from click.testing import CliRunner
+
+    from otel_verl.tools.cli import main
+
+    trace_dir = _collector_run_dir(tmp_path)
+    report = build([trace_dir])
+    assert report["no_spans"]["reason"] == "collector" and report["runs"] == ["run-7"]
+    assert "`otel-verl report --clickhouse URL --run run-7`" in report["no_spans"]["line"]
+    # no verdict on spans that are elsewhere: the legacy lines are not "spans lost"
+    assert report["losses"]["consistency"] == []
+    result = CliRunner().invoke(main, ["report", trace_dir])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert text.startswith(f"no spans in {trace_dir}: the run sent them over OTLP to a collector")
+    assert "Loss counters: dropped none; failures none" in text
+    for empty in ("Steps (s)", "Rollout latency", "Slowest trajectories", "Critical path", "Samples:",
+                  "Legacy files vs spans", "spans lost", "SDK span-limit drops"):
+        assert empty not in text, empty
+
+
+def test_a_trace_dir_with_metric_files_and_no_span_files_says_they_are_missing(tmp_path):
+    trace_dir = _collector_run_dir(tmp_path)
+    (tmp_path / bootstrap.METRICS_FILES_DIR).mkdir()
+    (tmp_path / bootstrap.METRICS_FILES_DIR / "metrics.jsonl").write_text('{"resourceMetrics": []}\n', encoding="utf-8")
+    report = build([trace_dir])
+    assert report["no_spans"]["reason"] == "span files missing"
+    assert "no otlp/ span files" in report["no_spans"]["line"] and report["losses"]["consistency"] == []
+    spans = straggler_run().write(str(tmp_path / "with-spans"))
+    assert build([spans])["no_spans"] is None
 
 
 def test_a_trace_dir_whose_spans_went_to_a_collector_still_reports_its_losses(tmp_path):

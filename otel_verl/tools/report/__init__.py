@@ -23,7 +23,11 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
 - ``tail``: per step the critical-path trajectory and its replica, the busiest and idlest
   replica, the training and rollout sides' waits, and the staleness histogram
   (:mod:`otel_verl.tools.report.tail` defines them);
-- ``shape``: trainer, layout, sync / async, prompts per step, n, steps.
+- ``shape``: trainer, layout, sync / async, prompts per step, n, steps;
+- ``no_spans``: ``None``, or for a trace dir without spans why (``reason``: ``collector``,
+  the run sent them over OTLP; ``span files missing``; ``empty``), the ``line`` that says
+  so and where to report on them, and the ``runs`` its loss files name. The sections
+  that read spans are then empty, the legacy-files-vs-spans checks left out.
 
 :func:`otel_verl.tools.report.compare.build_comparison` reads two runs and puts them side by side
 (``otel-verl report --compare A B``).

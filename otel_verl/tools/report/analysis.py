@@ -40,7 +40,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as metric_names
 from otel_verl.tools.report import tail
-from otel_verl.tools.report.inputs import InputError, Inputs, Lines, read_counters, read_loss_files, read_spans, resolve
+from otel_verl.tools.report.inputs import (InputError, Inputs, Lines, parse_line, read_counters, read_loss_files, read_spans,
+                                           resolve)
 from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory, merged,
                                     stage_of as _stage_of, training_trajectories, trajectory_split,
                                     union_s as _union_s)
@@ -235,7 +236,7 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
         for key in limits:
             limits[key] += span.get("dropped", {}).get(key, 0)
     checks = []
-    if inputs.has_legacy:
+    if spans and inputs.has_legacy:  # without any span there is nothing to compare (no_spans_section says why)
         n_spans = len(trajectories)
         task_lines = _count_lines(inputs.progress_logs, lambda line: bool(_TASK_LINE.match(line)))
         jsonl_lines = _count_lines(inputs.trajectory_jsonl)
@@ -298,6 +299,41 @@ def _loss_counters(inputs: Inputs) -> Tuple[Optional[Dict[str, Dict[str, int]]],
     return recorded, f"{said} ({source})"
 
 
+def no_spans_section(paths: Sequence[str], inputs: Inputs) -> Dict[str, Any]:
+    """Why a trace dir holds no span (``line``), and the runs its loss files name. A run
+    writes its spans' OTLP-JSON files and its metric files beside them only without an
+    OTLP endpoint: with neither, the spans went over OTLP to a collector."""
+    runs = sorted({str(run) for run in map(_run_of_loss_file, inputs.loss_files) if run})
+    where = ", ".join(paths)
+    if inputs.otlp_files:
+        reason = "empty"
+        line = (f"no spans in {where}: its {len(inputs.otlp_files)} OTLP-JSON file(s) hold none "
+                "(still being written, or their process died before its first batch)")
+    elif inputs.metric_files:
+        reason = "span files missing"
+        line = (f"no spans in {where}: the run wrote its metric files (otlp-metrics/) but no otlp/ span files beside "
+                "them: removed, or not copied with the trace dir")
+    else:
+        reason = "collector"
+        run = runs[0] if len(runs) == 1 else "RUN_ID"
+        line = (f"no spans in {where}: the run sent them over OTLP to a collector (its OTEL_EXPORTER_OTLP_ENDPOINT, "
+                "which the trace dir does not record); report on them from the collector: "
+                f"`otel-verl report DIR/{run}` on its file exporter's DIR (collector-config/otelcol-file.yaml), "
+                f"or `otel-verl report --clickhouse URL --run {run}`")
+    return {"reason": reason, "line": line, "runs": runs}
+
+
+def _run_of_loss_file(path: str) -> Optional[str]:
+    """The ``verl.run_id`` a loss file's process ran under (``None`` when unreadable:
+    :func:`losses_section` says so)."""
+    try:
+        with open(path, "rb") as f:
+            obj, _ = parse_line(f.read())
+        return (obj.get("resource") or {}).get(sc.RUN_ID)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def shape_section(spans: List[Dict[str, Any]], fit: Dict[str, Any], trainer: Optional[str], steps: List[Dict[str, Any]],
                   trajectories: List[Dict[str, Any]]) -> Dict[str, Any]:
     """What kind of run it is: trainer, layout, ``async`` when a sample was trained in a
@@ -339,6 +375,7 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
     # a trace dir whose spans went to a collector only still has its legacy files and counters
     if not spans and not (inputs.loss_files or inputs.sample_csv or inputs.metric_files):
         raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
+    no_spans = None if spans else no_spans_section(paths, inputs)
     index = _Index(spans)
     stage_order, steps, stage_overlap = steps_section(spans)
     trajectories = training_trajectories(spans)
@@ -364,7 +401,8 @@ def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int]
                 "trajectory_jsonl": len(inputs.trajectory_jsonl),
             },
         },
-        "runs": runs,
+        "no_spans": no_spans,
+        "runs": runs or (no_spans["runs"] if no_spans else []),
         "trainer": trainer,
         "shape": shape,
         "stage_order": stage_order,

@@ -142,6 +142,13 @@ def render_store_report(report: Dict[str, Any], console: Console) -> None:
 def render(report: Dict[str, Any], console: Console) -> None:
     inputs = report["inputs"]
     runs = ", ".join(report["runs"]) or "-"
+    if report.get("no_spans"):
+        # every section but the loss counters reads spans: none printed empty, no verdict on spans
+        console.print(report["no_spans"]["line"], markup=False, highlight=False)
+        console.print(f"run {runs}", markup=False, highlight=False)
+        _render_loss_counters(report["losses"], console)
+        console.print()
+        return
     console.print(
         f"{inputs['spans']} spans in {inputs['traces']} traces from {len(inputs['otlp_files'])} file(s), "
         f"{inputs['lines']} line(s); run {runs}; trainer {report['trainer'] or '-'}",
@@ -179,8 +186,7 @@ def render(report: Dict[str, Any], console: Console) -> None:
                           markup=False, highlight=False)
 
     losses = report["losses"]
-    console.print("", markup=False)
-    console.print(f"Loss counters: {losses['note']}", markup=False, highlight=False)
+    _render_loss_counters(losses, console)
     limits = losses["span_limit_drops"]
     console.print(
         f"SDK span-limit drops: attributes {limits['attributes']}, events {limits['events']}, links {limits['links']}",
@@ -194,6 +200,11 @@ def render(report: Dict[str, Any], console: Console) -> None:
     else:
         console.print("Legacy files vs spans: no legacy files among the inputs", markup=False, highlight=False)
     console.print()
+
+
+def _render_loss_counters(losses: Dict[str, Any], console: Console) -> None:
+    console.print("", markup=False)
+    console.print(f"Loss counters: {losses['note']}", markup=False, highlight=False)
 
 
 def _ratio(value: Optional[float]) -> str:
