@@ -113,10 +113,39 @@ def test_report_steps_prints_those_steps(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (("--steps", "3-1"), "Invalid value for --steps: expected A <= B"),
-    (("--steps", "1", "--png", "x.png"), "not yet --compare, --png or --perfetto"),
+    (("--steps", "1", "--png", "x.png"), "not yet --png's timeline or --perfetto"),
     (("--run", "nope"), "no run 'nope' in the store (it holds sync-run)"),
 ])
 def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, args, needle):
     trace_dir = straggler_run().write(str(tmp_path / "run"))
     proc = otel_verl("report", trace_dir, *args)
     assert proc.returncode in (1, 2) and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_compare_from_the_store_equals_the_in_memory_comparison(tmp_path):
+    import json
+
+    a = straggler_run(extra_step=True).write(str(tmp_path / "a"))
+    b = straggler_run(scale=2.0, run_id="slow").write(str(tmp_path / "b"))
+    memory = json.loads(otel_verl("report", "--compare", a, b, "--json").stdout)
+    sql = otel_verl("report", "--compare", a, b, "--json", "--steps", "0-99")
+    assert sql.returncode == 0, sql.stderr
+    assert rounded(json.loads(sql.stdout)) == rounded(memory)
+    narrow = json.loads(otel_verl("report", "--compare", a, b, "--json", "--steps", "2").stdout)
+    assert [r["step"] for r in narrow["steps"]] == [2] and narrow["steps"][0]["ratio"] == pytest.approx(2.0)
+
+
+def test_two_runs_of_one_store_compare(tmp_path, stores):
+    import shutil
+
+    from otel_verl.tools.report import compare
+
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    straggler_run(scale=3.0, run_id="slow").write(str(tmp_path / "other"))
+    shutil.copy(str(tmp_path / "other" / "otlp" / "spans.jsonl"), str(tmp_path / "run" / "otlp" / "other.jsonl"))
+    store = stores(trace_dir)
+    inputs = {"paths": [trace_dir], "truncated_files": [], "repaired_files": [], "skipped_files": []}
+    sides = [{**store_report.build(store, run_id=run), "inputs": inputs} for run in ("sync-run", "slow")]
+    result = compare.compare(*sides)
+    assert [(r["step"], r["ratio"]) for r in rounded(result["steps"])] == [(1, 3.0), (2, 3.0)]
+    assert (result["a"]["runs"], result["b"]["runs"]) == (["sync-run"], ["slow"])

@@ -583,14 +583,12 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
     if not paths and not clickhouse:
         raise click.UsageError("Missing argument 'PATHS...' (or --clickhouse URL).")
-    if step_range or clickhouse or run_id:
-        if compare or png or perfetto_path:
-            raise click.ClickException("--steps, --clickhouse and --run report from the span store: its steps, "
-                                       "stages, rollout latency and samples (not yet --compare, --png or --perfetto)")
-        _report_from_store(paths, clickhouse, step_range, run_id, as_json)
-        return
     if compare and len(paths) != 2:
         raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
+    from_store = bool(step_range or clickhouse or run_id)
+    if from_store and (perfetto_path or png and not compare):
+        raise click.ClickException("--steps, --clickhouse and --run report from the span store: its steps, stages, "
+                                   "rollout latency, samples and --compare (not yet --png's timeline or --perfetto)")
 
     if png:  # before reading the run, which may take a while
         from otel_verl.tools.report.timeline import MatplotlibMissing, require_matplotlib
@@ -608,6 +606,9 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
             require_perfetto()
         except PerfettoMissing as exc:
             raise click.ClickException(f"--perfetto: {exc}") from None
+    if from_store:
+        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png)
+        return
     if compare:
         _report_comparison(paths, as_json, png)
         return
@@ -633,7 +634,9 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
 
 def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_range: str | None, run_id: str | None,
-                       as_json: bool) -> None:
+                       as_json: bool, compare: bool, png: str | None) -> None:
+    """The report, or with ``compare`` two runs side by side (two trace dirs, or two run
+    ids of the ClickHouse server's store), from the span store."""
     import json
 
     from otel_verl.tools.report import InputError
@@ -643,11 +646,23 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         steps = store_report.parse_steps(step_range) if step_range else None
     except ValueError as exc:
         raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--steps") from None
-    with _store(paths, clickhouse) as store:
-        try:
-            data = store_report.build(store, run_id=run_id, steps=steps)
-        except InputError as exc:
-            raise click.ClickException(str(exc)) from None
+
+    def build(paths_: Tuple[str, ...], run: str | None) -> Dict[str, Any]:
+        store, described = _store(paths_, clickhouse)
+        with store:
+            try:
+                return {**store_report.build(store, run_id=run, steps=steps), "inputs": described}
+            except InputError as exc:
+                raise click.ClickException(str(exc)) from None
+
+    if compare:
+        from otel_verl.tools.report import compare as comparison
+
+        # chDB holds one store a process: A's is closed before B's opens
+        sides = [build((), run) for run in paths] if clickhouse else [build((path,), run_id) for path in paths]
+        _print_comparison(comparison.compare(*sides), as_json, png)
+        return
+    data = build(paths, run_id)
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
@@ -717,11 +732,16 @@ def _write_perfetto(paths: Tuple[str, ...], path: str) -> Any:
 
 
 def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -> None:
+    from otel_verl.tools.report import compare
+
+    _print_comparison(_read_runs(paths, lambda: compare.build_comparison(*paths)), as_json, png)
+
+
+def _print_comparison(data: Dict[str, Any], as_json: bool, png: str | None) -> None:
     import json
 
     from otel_verl.tools.report import compare
 
-    data = _read_runs(paths, lambda: compare.build_comparison(*paths))
     for side in ("a", "b"):
         _warn_inputs(data[side])
     if png:
@@ -753,7 +773,8 @@ def query(args: Tuple[str, ...], clickhouse: str | None, fmt: str) -> None:
     from otel_verl.tools.store import query as queries
 
     *paths, sql = args
-    with _store(tuple(paths), clickhouse) as store:
+    store, _ = _store(tuple(paths), clickhouse)
+    with store:
         try:
             names, rows = queries.run(store, sql)
         except Exception as exc:  # the engine's message: the user's SQL is wrong
@@ -774,11 +795,12 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Any:
-    """The store to read (:func:`otel_verl.tools.store.store.open_store`), with a warning
-    on stderr for each file and line of the inputs it could not read."""
+def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[str, Any]]:
+    """The store to read (:func:`otel_verl.tools.store.store.open_store`) and what the
+    report says of its inputs, with a warning on stderr for each file and line of the
+    inputs it could not read."""
     from otel_verl.tools.report import InputError
-    from otel_verl.tools.store.store import open_store, rejected_lines
+    from otel_verl.tools.store.store import open_store, rejected_lines, without_password
 
     if not paths and not clickhouse:
         raise click.ClickException("give a trace dir (or OTLP-JSON files) or --clickhouse URL")
@@ -786,20 +808,21 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Any:
         store, load, inputs = open_store(paths, clickhouse)
     except InputError as exc:
         raise click.ClickException(str(exc)) from None
+    described: Dict[str, Any] = {"paths": list(paths) or [without_password(clickhouse or "")], "truncated_files": [],
+                                 "repaired_files": [], "skipped_files": []}
     if inputs is not None:
-        for path, what in inputs.skipped:
-            _warn_skipped(path, what)
+        described["skipped_files"] = [{"path": path, "what": what} for path, what in inputs.skipped]
     if load is not None:
-        for path, size in load.pending:
-            _warn_truncated(path, size)
-        for path, characters in load.repaired.items():
-            _warn_repaired(path, characters)
+        described["truncated_files"] = [{"path": path, "bytes": size} for path, size in load.pending]
+        described["repaired_files"] = [{"path": path, "characters": n} for path, n in load.repaired.items()]
+    _warn_inputs(described)
+    if load is not None:
         total, rejected = rejected_lines(store, SHOWN_REJECTED_LINES)
         for path, line, why in rejected:
             click.echo(f"warning: {_shown(path)}:{line}: {why}: skipped", err=True)
         if total > len(rejected):
             click.echo(f"warning: {total - len(rejected)} more line(s) that are no OTLP span data: skipped", err=True)
-    return store
+    return store, described
 
 
 SHOWN_REJECTED_LINES = 20

@@ -83,7 +83,7 @@ class Store:
         try:
             client = clickhouse_connect.get_client(dsn=url)
         except Exception as exc:  # the driver's errors name the host and the cause
-            raise StoreUnavailable(f"ClickHouse at {_without_password(url)}: {_cause(exc)}") from None
+            raise StoreUnavailable(f"ClickHouse at {without_password(url)}: {_cause(exc)}") from None
         finally:
             driver_log.setLevel(level)
         store = cls(client)
@@ -163,7 +163,7 @@ def remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _without_password(url: str) -> str:
+def without_password(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
