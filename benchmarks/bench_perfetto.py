@@ -75,16 +75,22 @@ class _Process:
         self.spans.append(span)
         return span_id
 
-    def write(self, directory: str) -> None:
-        with open(os.path.join(directory, f"spans-node-0-pid{self.pid}.jsonl"), "w", encoding="utf-8") as f:
+    def write(self, directory: str, mode: str = "w") -> None:
+        with open(os.path.join(directory, f"spans-node-0-pid{self.pid}.jsonl"), mode, encoding="utf-8") as f:
             for i in range(0, len(self.spans), 512):
                 line = {"resourceSpans": [{"resource": self.resource, "scopeSpans": [
                     {"scope": {"name": "otel_verl"}, "spans": self.spans[i:i + 512]}]}]}
                 f.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
-def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) -> int:
-    """Write one step's OTLP-JSON files under ``trace_dir/otlp``; returns the span count."""
+STEP_INTERVAL_S = 100  # between two steps' starts: a step lasts about 78 s
+
+
+def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0, step: int = 1) -> int:
+    """Write one step's OTLP-JSON files under ``trace_dir/otlp``; returns the span count.
+    A ``step`` after the first is appended to the files, ``STEP_INTERVAL_S`` after the one
+    before it, without the run's ``verl.fit`` span: one run of several steps (give each
+    step its own ``seed`` for its own uids)."""
     rng = random.Random(seed)
     run_id = "bench-perfetto"
     otlp = os.path.join(trace_dir, "otlp")
@@ -93,9 +99,9 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) ->
     workers = [_Process(sc.Role.AGENT_LOOP_WORKER.value, 2000 + i, run_id) for i in range(WORKERS)]
     servers = [_Process(sc.Role.LLM_SERVER.value, 3000 + i, run_id) for i in range(SERVERS)]
     rewarder = _Process(sc.Role.REWARD_WORKER.value, 4000, run_id)
-    t0 = 1_800_000_000 * S
+    t0 = (1_800_000_000 + (step - 1) * STEP_INTERVAL_S) * S
     rollout_s = 60.0
-    step_attrs = {sc.GLOBAL_STEP: 1, sc.TRAINER: "RayPPOTrainer"}
+    step_attrs = {sc.GLOBAL_STEP: step, sc.TRAINER: "RayPPOTrainer"}
     generation_end = t0 + int((rollout_s + 2) * S)
     stage_times = {}
     at = generation_end
@@ -104,8 +110,9 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) ->
         at += 2 * S
     stage_times["generation"] = (t0, generation_end)
     step_end = at
-    trainer.span(rng, rng.getrandbits(128), None, sc.SPAN_FIT, 1, t0 - S, t0 - S + 1000,
-                 {sc.TRAINER: "RayPPOTrainer", sc.TOTAL_TRAINING_STEPS: 1, sc.ROLLOUT_N: n})
+    if step == 1:
+        trainer.span(rng, rng.getrandbits(128), None, sc.SPAN_FIT, 1, t0 - S, t0 - S + 1000,
+                     {sc.TRAINER: "RayPPOTrainer", sc.TOTAL_TRAINING_STEPS: 1, sc.ROLLOUT_N: n})
     step_trace = rng.getrandbits(128)
     step_id = trainer.span(rng, step_trace, None, sc.SPAN_STEP, 1, t0, step_end, dict(step_attrs))
     for stage in STEP_STAGES:
@@ -129,7 +136,7 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) ->
         for traj in trajs:
             row = p * n + int(traj)
             worker = workers[row * WORKERS // (prompts * n)]
-            traj_attrs = {sc.UID: uid, sc.TRAJ_UID: traj, sc.GLOBAL_STEP: 1}
+            traj_attrs = {sc.UID: uid, sc.TRAJ_UID: traj, sc.GLOBAL_STEP: step}
             start = t0 + int(rng.uniform(0.1, 1.0) * S)
             finish = t0 + int(rng.uniform(5.0, rollout_s) * S)
             slot = (finish - start - 60_000_000) // turns  # the turns, tools between them, then a 50 ms reward
@@ -160,7 +167,7 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0) ->
                 sc.NUM_TURNS: turns, sc.REWARD_SCORE: 1.0}, span_id=agent_id)
     processes = [trainer, *workers, *servers, rewarder]
     for process in processes:
-        process.write(otlp)
+        process.write(otlp, "w" if step == 1 else "a")
     return sum(len(process.spans) for process in processes)
 
 

@@ -238,3 +238,40 @@ def test_the_otlp_encoder_benchmark_prices_each_kind_of_span(tmp_path):
     assert result["rows"]["chat"]["attributes_per_span"] >= 12
     assert result["health"]["failures"] == {} and result["health"]["dropped"] == {}
     assert "records_of + encode" in proc.stdout and "whole step" in proc.stdout
+
+
+def test_the_report_scale_benchmark_loads_each_step_once_and_queries_every_step(tmp_path):
+    """bench_report_scale, tiny size (2 and 4 steps of 16 prompts x 4): the first load holds
+    every generated span, the next load only the appended step's, and the whole-run and
+    one-step queries and the in-memory report see every step and trajectory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_report_scale.py"), "--quick",
+                           "--json", str(out), "--work", str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    # per step: the step and its 9 stages; per prompt 7 trainer spans; per trajectory the agent
+    # span, its turn and server request, the reward and the reward worker's span; verl.fit once
+    step_spans = 10 + 16 * 7 + 16 * 4 * 5
+    assert result["step_spans"] == step_spans
+    assert [row["steps"] for row in result["rows"]] == [2, 4]
+    for row in result["rows"]:
+        steps, first, second = row["steps"], row["first_load"], row["second_load"]
+        assert row["spans"] == first["spans"] == first["rows"] == 1 + steps * step_spans
+        assert second["spans"] == step_spans and second["rows"] == first["rows"] + step_spans
+        assert 0 < first["parts_bytes"] <= row["store_bytes"] and row["ratio"] == row["store_bytes"] / row["json_bytes"]
+        assert first["parts"] >= 1
+        queries = row["queries"]["queries"]
+        assert [r[:2] for r in queries["run/trajectories"]["rows"]] == [[s, 16 * 4] for s in range(1, steps + 1)]
+        assert len(queries["run/stages"]["rows"]) == steps * 9
+        assert queries["step/trajectories"]["rows"][0][:2] == [row["one_step"], 16 * 4]
+        assert {r[0] for r in queries["step/stages"]["rows"]} == {row["one_step"]}
+        assert len(queries["step/stages"]["rows"]) == 9
+        for query in queries.values():
+            assert math.isfinite(query["first_s"]) and math.isfinite(query["median_s"])
+        assert row["inmemory"]["spans"] == row["spans"] and row["inmemory"]["steps"] == steps
+        assert all(m["rss_mb"] > 0 for m in (first, second, row["queries"], row["inmemory"]))
+    assert "store / JSON: at most" in proc.stdout and "one step, trajectories (warm)" in proc.stdout
+    assert not list(tmp_path.glob("bench-report-scale-*")), "the generated run is deleted"
