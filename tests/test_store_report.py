@@ -113,7 +113,8 @@ def test_report_steps_prints_those_steps(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (("--steps", "3-1"), "Invalid value for --steps: expected A <= B"),
-    (("--steps", "1", "--png", "x.png"), "not yet --png's timeline or --perfetto"),
+    (("--steps", "1", "--png", "x.png"), "(not yet --png's timeline)"),
+    (("--run", "sync-run", "--perfetto", "x.pftrace"), "--perfetto from the span store draws the steps --steps A-B selects"),
     (("--run", "nope"), "no run 'nope' in the store (it holds sync-run)"),
 ])
 def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, args, needle):
@@ -149,3 +150,63 @@ def test_two_runs_of_one_store_compare(tmp_path, stores):
     result = compare.compare(*sides)
     assert [(r["step"], r["ratio"]) for r in rounded(result["steps"])] == [(1, 3.0), (2, 3.0)]
     assert (result["a"]["runs"], result["b"]["runs"]) == (["sync-run"], ["slow"])
+
+
+# --------------------------------------------------------------------------- --perfetto of some steps
+
+
+def test_text_reads_back_as_the_value_it_reads_as():
+    from otel_verl.tools.store.spans import value
+
+    assert [value(t) for t in ("3", "-2", "0.5", "true", "false", "u1", "007", "", "[\"0\",\"x\"]", "[1,2]", "1e3")] == [
+        3, -2, 0.5, True, False, "u1", "007", "", [0, "x"], [1, 2], 1000.0]
+
+
+def _selected_like_the_store(spans, steps):
+    """The spans of those steps, and the step-less spans of their traces (store/spans.py)."""
+    from otel_verl import semconv as sc
+
+    in_steps = [s for s in spans if isinstance(s["attributes"].get(sc.GLOBAL_STEP), int)
+                and steps[0] <= s["attributes"][sc.GLOBAL_STEP] <= steps[1]]
+    traces = {s["traceId"] for s in in_steps}
+    return in_steps + [s for s in spans if sc.GLOBAL_STEP not in s["attributes"] and s["traceId"] in traces]
+
+
+@pytest.mark.parametrize("make, steps", [(lambda: straggler_run(extra_step=True), (2, 2)), (async_run, (1, 1))],
+                         ids=["sync-step-2", "async-step-1"])
+def test_a_steps_perfetto_trace_is_the_one_of_its_spans(tmp_path, stores, make, steps):
+    from otel_verl.exporters.otlp_json_file import spans_from_files
+    from otel_verl.tools.report import perfetto
+    from otel_verl.tools.store import spans as store_spans
+
+    needs_perfetto()
+    trace_dir = make().write(str(tmp_path / "run"))
+    store = stores(trace_dir)
+    from_store = store_spans.of_steps(store, store_report.pick_run(store, None), steps)
+    expected = _selected_like_the_store(spans_from_files([trace_dir + "/otlp"]), steps)
+    assert sorted((s["traceId"], s["spanId"]) for s in from_store) == sorted((s["traceId"], s["spanId"]) for s in expected)
+    a = perfetto.write_spans(from_store, str(tmp_path / "store.pftrace")).as_dict()
+    b = perfetto.write_spans(expected, str(tmp_path / "files.pftrace")).as_dict()
+    for d in (a, b):
+        d.pop("path"), d.pop("bytes")
+    assert a == b and a["slices"] == len(expected)
+
+
+def needs_perfetto():
+    from otel_verl.tools.report import perfetto
+
+    try:
+        perfetto.require_perfetto()
+    except perfetto.PerfettoMissing as exc:  # the lowest-versions venv: protobuf older than perfetto's code
+        pytest.skip(str(exc))
+
+
+def test_report_steps_perfetto_writes_those_steps(tmp_path):
+    needs_perfetto()
+    trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
+    out = tmp_path / "step2.pftrace"
+    proc = otel_verl("report", trace_dir, "--steps", "2", "--perfetto", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"perfetto: {out} (" in proc.stdout and "20 slices of 20 spans" in proc.stdout and out.stat().st_size > 0
+    proc = otel_verl("report", trace_dir, "--steps", "9", "--perfetto", str(tmp_path / "none.pftrace"))
+    assert proc.returncode == 1 and "--perfetto: no spans of steps 9 in the store" in proc.stderr

@@ -586,9 +586,11 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     if compare and len(paths) != 2:
         raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
     from_store = bool(step_range or clickhouse or run_id)
-    if from_store and (perfetto_path or png and not compare):
+    if from_store and png and not compare:
         raise click.ClickException("--steps, --clickhouse and --run report from the span store: its steps, stages, "
-                                   "rollout latency, samples and --compare (not yet --png's timeline or --perfetto)")
+                                   "rollout latency, samples, --compare and --perfetto (not yet --png's timeline)")
+    if from_store and perfetto_path and not step_range:
+        raise click.ClickException("--perfetto from the span store draws the steps --steps A-B selects")
 
     if png:  # before reading the run, which may take a while
         from otel_verl.tools.report.timeline import MatplotlibMissing, require_matplotlib
@@ -607,7 +609,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         except PerfettoMissing as exc:
             raise click.ClickException(f"--perfetto: {exc}") from None
     if from_store:
-        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png)
+        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png, perfetto_path)
         return
     if compare:
         _report_comparison(paths, as_json, png)
@@ -634,9 +636,10 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
 
 def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_range: str | None, run_id: str | None,
-                       as_json: bool, compare: bool, png: str | None) -> None:
+                       as_json: bool, compare: bool, png: str | None, perfetto_path: str | None) -> None:
     """The report, or with ``compare`` two runs side by side (two trace dirs, or two run
-    ids of the ClickHouse server's store), from the span store."""
+    ids of the ClickHouse server's store), from the span store; ``perfetto_path``: the
+    selected steps' spans as a Perfetto trace too, read from their rows only."""
     import json
 
     from otel_verl.tools.report import InputError
@@ -651,7 +654,21 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         store, described = _store(paths_, clickhouse)
         with store:
             try:
-                return {**store_report.build(store, run_id=run, steps=steps), "inputs": described}
+                data = {**store_report.build(store, run_id=run, steps=steps), "inputs": described}
+                if perfetto_path and steps:
+                    from otel_verl.tools.report import perfetto
+                    from otel_verl.tools.store import spans
+
+                    selected = spans.of_steps(store, store_report.pick_run(store, run), steps)
+                    if not selected:
+                        raise InputError(f"--perfetto: no spans of steps {step_range} in the store")
+                    try:
+                        written = perfetto.write_spans(selected, perfetto_path)
+                    except perfetto.OutputError as exc:
+                        raise click.ClickException(str(exc)) from None
+                    data["perfetto"] = written.as_dict()
+                    data["perfetto_lines"] = written.lines()
+                return data
             except InputError as exc:
                 raise click.ClickException(str(exc)) from None
 
@@ -663,12 +680,15 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         _print_comparison(comparison.compare(*sides), as_json, png)
         return
     data = build(paths, run_id)
+    lines = data.pop("perfetto_lines", [])
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
     from otel_verl.tools.report.text import render_store_report
 
     _print_rich(lambda console: render_store_report(data, console))
+    for line in lines:
+        click.echo(_shown(line))
 
 
 def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
