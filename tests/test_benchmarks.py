@@ -243,7 +243,8 @@ def test_the_otlp_encoder_benchmark_prices_each_kind_of_span(tmp_path):
 def test_the_report_scale_benchmark_loads_each_step_once_and_queries_every_step(tmp_path):
     """bench_report_scale, tiny size (2 and 4 steps of 16 prompts x 4): the first load holds
     every generated span, the next load only the appended step's, and the whole-run and
-    one-step queries and the in-memory report see every step and trajectory."""
+    one-step queries, the store's report and the in-memory report see every step and
+    trajectory."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     out = tmp_path / "result.json"
@@ -269,6 +270,8 @@ def test_the_report_scale_benchmark_loads_each_step_once_and_queries_every_step(
         assert queries["step/trajectories"]["rows"][0][:2] == [row["one_step"], 16 * 4]
         assert {r[0] for r in queries["step/stages"]["rows"]} == {row["one_step"]}
         assert len(queries["step/stages"]["rows"]) == 9
+        assert queries["run/report"]["rows"] == [[s] for s in range(1, steps + 1)]
+        assert queries["step/report"]["rows"] == [[row["one_step"]]]
         for query in queries.values():
             assert math.isfinite(query["first_s"]) and math.isfinite(query["median_s"])
         assert row["inmemory"]["spans"] == row["spans"] and row["inmemory"]["steps"] == steps
