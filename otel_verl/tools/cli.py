@@ -576,7 +576,9 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     the slowest trajectories split into LLM / tools / reward, the tail of each step
     (critical path, replicas, waiting, staleness), samples that never finished, losses.
     PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the Collector
-    file exporter's); with --compare two runs, A and B."""
+    file exporter's); with --compare two runs, A and B. With --steps, --clickhouse or --run
+    it reads the span store instead (docs/STORE.md): steps, stages, rollout latency and
+    samples, --compare, and --perfetto of the selected steps."""
     import json
 
     from otel_verl.tools.report import build
