@@ -14,6 +14,7 @@ of ``--steps`` and, at each size, each measure in a fresh process of its own:
   duration over ``trajectories``, stage times over ``stages``) and the same for one step
   (``WHERE step = k``), each the first time in the process and the median of 5 more;
   peak RSS of that process;
+- one step's Perfetto trace from the store (``report --steps k-k --perfetto``): time, RSS;
 - the in-memory report (``otel_verl.tools.report.build``) on the same files: time and peak
   RSS, up to ``--inmemory-max-steps`` (it holds every span in memory);
 - one more step appended and loaded into the same store: only the new step is read.
@@ -133,6 +134,24 @@ def measure_queries(trace_dir: str, step: int) -> Dict[str, Any]:
     return out
 
 
+def measure_perfetto(trace_dir: str, step: int) -> Dict[str, Any]:
+    """``otel-verl report --steps k-k --perfetto``: one step's spans read from the store and
+    written as a Perfetto trace."""
+    from otel_verl.tools.report import perfetto
+    from otel_verl.tools.store import report as store_report
+    from otel_verl.tools.store import spans
+    from otel_verl.tools.store.store import Store, embedded_path
+
+    with tempfile.TemporaryDirectory() as out, Store.embedded(embedded_path([trace_dir])) as store:
+        started = time.perf_counter()
+        selected = spans.of_steps(store, store_report.pick_run(store, None), (step, step))
+        read_s = time.perf_counter() - started
+        written = perfetto.write_spans(selected, os.path.join(out, "step.pftrace"))
+        seconds = time.perf_counter() - started
+    return {"seconds": seconds, "read_s": read_s, "spans": len(selected), "slices": written.slices,
+            "bytes": written.bytes, "rss_mb": _peak_rss_mb()}
+
+
 def measure_inmemory(trace_dir: str) -> Dict[str, Any]:
     """``otel-verl report``'s in-memory build on the run's files."""
     from otel_verl.tools.report import build
@@ -143,7 +162,8 @@ def measure_inmemory(trace_dir: str) -> Dict[str, Any]:
             "steps": len(report["steps"])}
 
 
-MEASURES = {"load": measure_load, "queries": measure_queries, "inmemory": measure_inmemory}
+MEASURES = {"load": measure_load, "queries": measure_queries, "perfetto": measure_perfetto,
+            "inmemory": measure_inmemory}
 
 
 def _in_child(measure: str, *args: Any) -> Dict[str, Any]:
@@ -198,6 +218,7 @@ def measure_size(run: Run, steps: int, inmemory_max_steps: int) -> Dict[str, Any
     row["ratio"] = row["store_bytes"] / row["json_bytes"]
     row["one_step"] = (steps + 1) // 2
     row["queries"] = _in_child("queries", run.trace_dir, row["one_step"])
+    row["perfetto"] = _in_child("perfetto", run.trace_dir, row["one_step"])
     row["inmemory"] = _in_child("inmemory", run.trace_dir) if steps <= inmemory_max_steps else None
     row["appended_spans"] = run.grow(steps + 1)
     row["second_load"] = _in_child("load", run.trace_dir)
@@ -234,14 +255,17 @@ def tables(rows: List[Dict[str, Any]]) -> str:
                      f"parts) | 1/{1 / row['ratio']:.1f} | {_rate(first)} | "
                      f"{_rate(row['second_load'])} ({row['second_load']['spans']:,} spans) |")
     lines += ["", "| steps | whole run: trajectories | stages | report | one step: trajectories | stages | report "
-              "| peak RSS | in-memory report (peak RSS) |", "|---|---|---|---|---|---|---|---|---|"]
+              "| peak RSS | one step's Perfetto trace (peak RSS) | in-memory report (peak RSS) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         q = row["queries"]["queries"]
         cells = [f"{_ms(q[key]['first_s'])} / {_ms(q[key]['median_s'])}"
                  for key in ("run/trajectories", "run/stages", "run/report", "step/trajectories", "step/stages",
                              "step/report")]
         inmemory = row["inmemory"]
+        trace = row["perfetto"]
         lines.append(f"| {row['steps']} | " + " | ".join(cells) + f" | {row['queries']['rss_mb']:,.0f} MB | "
+                     f"{trace['seconds']:.1f} s, of it reading {trace['read_s']:.1f} s ({trace['rss_mb']:,.0f} MB) | "
                      + (f"{inmemory['seconds']:.1f} s ({inmemory['rss_mb']:,.0f} MB) |" if inmemory else "not run |"))
     lines.append(f"(queries: the first in a fresh process / the median of {REPEATS} more ({REPORT_REPEATS} for the "
                  "report: otel-verl report --steps); the store opened in "
@@ -251,14 +275,14 @@ def tables(rows: List[Dict[str, Any]]) -> str:
 
 def goals(rows: List[Dict[str, Any]]) -> List[str]:
     worst_ratio = max(row["ratio"] for row in rows)
-    worst_rss = max(max(row["first_load"]["rss_mb"], row["second_load"]["rss_mb"], row["queries"]["rss_mb"])
-                    for row in rows)
+    worst_rss = max(max(row["first_load"]["rss_mb"], row["second_load"]["rss_mb"], row["queries"]["rss_mb"],
+                        row["perfetto"]["rss_mb"]) for row in rows)
     slowest = min(min(row["first_load"]["spans_per_s"], row["second_load"]["spans_per_s"]) for row in rows)
     out = [f"load rate: at least {slowest:,.0f} spans/s (goal {GOAL_SPANS_PER_S:,}): "
            f"{'met' if slowest >= GOAL_SPANS_PER_S else 'MISSED'}",
            f"store / JSON: at most 1/{1 / worst_ratio:.1f} (goal 1/{1 / GOAL_RATIO:.0f}): "
            f"{'met' if worst_ratio <= GOAL_RATIO else 'MISSED'}",
-           f"peak RSS of a load or the queries: at most {worst_rss:,.0f} MB (goal {GOAL_RSS_MB:,} MB): "
+           f"peak RSS of a load, the queries or a step's trace: at most {worst_rss:,.0f} MB (goal {GOAL_RSS_MB:,} MB): "
            f"{'met' if worst_rss <= GOAL_RSS_MB else 'MISSED'}"]
     if len(rows) > 1:
         small, big = rows[0], rows[-1]

@@ -244,7 +244,7 @@ def test_the_report_scale_benchmark_loads_each_step_once_and_queries_every_step(
     """bench_report_scale, tiny size (2 and 4 steps of 16 prompts x 4): the first load holds
     every generated span, the next load only the appended step's, and the whole-run and
     one-step queries, the store's report and the in-memory report see every step and
-    trajectory."""
+    trajectory, and one step's Perfetto trace holds that step's spans."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     out = tmp_path / "result.json"
@@ -272,9 +272,10 @@ def test_the_report_scale_benchmark_loads_each_step_once_and_queries_every_step(
         assert len(queries["step/stages"]["rows"]) == 9
         assert queries["run/report"]["rows"] == [[s] for s in range(1, steps + 1)]
         assert queries["step/report"]["rows"] == [[row["one_step"]]]
+        assert row["perfetto"]["spans"] == row["perfetto"]["slices"] == step_spans  # one step's, each a slice
         for query in queries.values():
             assert math.isfinite(query["first_s"]) and math.isfinite(query["median_s"])
         assert row["inmemory"]["spans"] == row["spans"] and row["inmemory"]["steps"] == steps
-        assert all(m["rss_mb"] > 0 for m in (first, second, row["queries"], row["inmemory"]))
+        assert all(m["rss_mb"] > 0 for m in (first, second, row["queries"], row["perfetto"], row["inmemory"]))
     assert "store / JSON: at most" in proc.stdout and "one step, trajectories (warm)" in proc.stdout
     assert not list(tmp_path.glob("bench-report-scale-*")), "the generated run is deleted"
