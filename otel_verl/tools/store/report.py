@@ -54,16 +54,20 @@ SELECT step, count() AS count, quantilesExactInclusive(0.5, 0.9, 0.99)(duration_
 FROM trajectories WHERE NOT validate AND {where_nullable} GROUP BY step ORDER BY isNull(step), step
 """
 _SAMPLES = "SELECT outcome, count() AS n FROM samples WHERE {run} GROUP BY outcome"
+# whether a sample of these steps was trained in a later step than the one that generated
+# it; read from these steps' rows and their samples' trajectories only
 _ASYNC = """
-SELECT count() > 0 AS later FROM sample_stages AS ss
-INNER JOIN (SELECT uid, min(step) AS generated FROM trajectories WHERE {run} AND step IS NOT NULL GROUP BY uid) AS t
-    ON t.uid = ss.uid
-WHERE {run_ss} AND ss.step > t.generated
+SELECT count() > 0 AS later FROM (SELECT uid, step FROM sample_stages WHERE {where}) AS ss
+INNER JOIN (SELECT uid, min(step) AS generated FROM trajectories
+            WHERE {run} AND step <= {{last:Int64}} AND uid IN (SELECT uid FROM sample_stages WHERE {where})
+            GROUP BY uid) AS t ON t.uid = ss.uid
+WHERE ss.step > t.generated
 """
 _PER_STEP = """
 SELECT max(prompts) AS prompts, max(n) AS n FROM (
     SELECT step, uniqExact(uid) AS prompts, max(trajectories) AS n
-    FROM (SELECT step, uid, count() AS trajectories FROM trajectories WHERE NOT validate AND {run} GROUP BY step, uid)
+    FROM (SELECT step, uid, count() AS trajectories FROM trajectories WHERE NOT validate AND {where_nullable}
+          GROUP BY step, uid)
     GROUP BY step)
 """
 
@@ -141,8 +145,8 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         "SELECT DISTINCT layout FROM (SELECT SpanAttributes['verl.layout'] AS layout FROM otel_traces "
         "WHERE RunId = {run:String} AND SpanName IN ('verl.step', 'verl.fit')) WHERE layout != '' ORDER BY layout",
         params)]
-    later = store.rows(_ASYNC.format(run=run_filter, run_ss="ss.run_id = {run:String}"), params)[0]["later"]
-    counted = store.rows(_PER_STEP.format(run=run_filter), params)[0]
+    later = store.rows(_ASYNC.format(run=run_filter, where=where), params)[0]["later"]
+    counted = store.rows(_PER_STEP.format(where_nullable=where_nullable), params)[0]
     return {
         "sections": list(SECTIONS),
         "runs": [run] if run else [],
