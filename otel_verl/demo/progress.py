@@ -18,6 +18,9 @@ from typing import IO, Any, List, Optional
 
 HEARTBEAT_S = 10.0  # the brief says at most ~15 s of silence; one poll's delay on top stays under it
 POLL_S = 0.5
+# file times come from the kernel's coarse clock (a few ms behind time.time()): a file
+# written just after the reporter started can look older than its start
+MTIME_SLACK_S = 1.0
 
 
 def note_phase(path: Optional[str], text: str) -> None:
@@ -36,7 +39,7 @@ def _read_lines(path: str, since: float) -> List[str]:
     """The lines of ``path`` when it was written after ``since`` (a file a previous run left
     is not this run's), else none."""
     try:
-        if os.stat(path).st_mtime < since:
+        if os.stat(path).st_mtime < since - MTIME_SLACK_S:
             return []
         with open(path, encoding="utf-8", errors="replace") as f:
             return [line for line in f if line.endswith("\n")]  # a line still being written waits

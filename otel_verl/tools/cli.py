@@ -822,7 +822,7 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
     report says of its inputs, with a warning on stderr for each file and line of the
     inputs it could not read."""
     from otel_verl.tools.report import InputError
-    from otel_verl.tools.store.store import open_store, rejected_lines, without_password
+    from otel_verl.tools.store.store import open_store, rejected_lines
 
     if not paths and not clickhouse:
         raise click.ClickException("give a trace dir (or OTLP-JSON files) or --clickhouse URL")
@@ -830,7 +830,7 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
         store, load, inputs = open_store(paths, clickhouse)
     except InputError as exc:
         raise click.ClickException(str(exc)) from None
-    described: Dict[str, Any] = {"paths": list(paths) or [without_password(clickhouse or "")], "truncated_files": [],
+    described: Dict[str, Any] = {"paths": list(paths) or [settings.redacted(clickhouse or "")], "truncated_files": [],
                                  "repaired_files": [], "skipped_files": []}
     if inputs is not None:
         described["skipped_files"] = [{"path": path, "what": what} for path, what in inputs.skipped]

@@ -11,6 +11,7 @@ import shutil
 from importlib import resources
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from otel_verl.settings import redacted
 from otel_verl.tools.report.inputs import InputError
 from otel_verl.tools.store import load as loader
 
@@ -83,7 +84,7 @@ class Store:
         try:
             client = clickhouse_connect.get_client(dsn=url)
         except Exception as exc:  # the driver's errors name the host and the cause
-            raise StoreUnavailable(f"ClickHouse at {without_password(url)}: {_cause(exc)}") from None
+            raise StoreUnavailable(f"ClickHouse at {redacted(url)}: {_cause(exc)}") from None
         finally:
             driver_log.setLevel(level)
         store = cls(client)
@@ -161,16 +162,6 @@ def embedded_path(paths: Sequence[str], cache_dir: Optional[str] = None) -> str:
 
 def remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def without_password(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        parts = parts._replace(netloc=netloc)
-    return urlunsplit(parts)
 
 
 def _cause(exc: BaseException) -> str:
