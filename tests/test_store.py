@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -357,6 +358,48 @@ def test_rejected_lines_are_counted_beyond_those_named(tmp_path, store_of):
     store = store_of(trace_dir)
     total, shown = rejected_lines(store, 20)
     assert total == 25 and len(shown) == 20 and not math.isnan(total)
+
+
+def test_a_rebuilt_store_counts_its_rejected_lines_once(tmp_path, store_of):
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    path = os.path.join(trace_dir, "otlp", "spans.jsonl")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("x\n" * 3)
+    store = store_of(trace_dir)
+    with open(path, "rb") as f, open(path + ".new", "wb") as new:
+        new.write(f.read())
+    os.replace(path + ".new", path)  # the same lines in another file: the store is rebuilt
+    assert store.load([path]).reloaded
+    assert rejected_lines(store, 20)[0] == 3
+
+
+MERGE = """
+import sys
+from otel_verl.tools.store.store import open_store
+store, _, _ = open_store([sys.argv[1]], None)
+for _ in range(4):
+    store.client.command("INSERT INTO otel_traces SELECT * FROM otel_traces LIMIT 1")
+store.client.command("OPTIMIZE TABLE otel_traces FINAL")
+print(store.query("SELECT count() FROM system.parts WHERE table = 'otel_traces' AND NOT active")[1][0][0])
+"""
+
+
+def test_parts_a_merge_replaced_leave_the_disk_at_an_open_a_minute_later(tmp_path, store_of):
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    merged = subprocess.run([sys.executable, "-c", MERGE, trace_dir], capture_output=True, text=True, timeout=120)
+    assert int(merged.stdout) > 0, merged.stderr  # a report process ends before a server would remove them
+    minutes_ago = time.time() - 300
+    for root, dirs, files in os.walk(os.path.join(trace_dir, "store")):
+        for name in dirs + files:
+            os.utime(os.path.join(root, name), (minutes_ago, minutes_ago))
+    store = store_of(trace_dir)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        outdated = store.rows("SELECT count() AS n FROM system.parts WHERE table = 'otel_traces' AND NOT active")[0]["n"]
+        if not outdated:
+            break
+        time.sleep(0.2)
+    assert outdated == 0
 
 
 # --------------------------------------------------------------------------- docs/STORE.md

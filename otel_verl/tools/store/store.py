@@ -18,6 +18,7 @@ from otel_verl.tools.store import load as loader
 CLICKHOUSE_ENV = "OTEL_VERL_CLICKHOUSE"  # a ClickHouse server's URL: report and query use it
 STORE_DIR = "store"  # in a trace dir: the embedded store of its spans
 EXTRA = "otel-verl[report]"
+EMBEDDED_CLEANUP = "old_parts_lifetime = 60, cleanup_delay_period = 1, cleanup_delay_period_random_add = 0"
 
 
 class StoreUnavailable(InputError):
@@ -71,6 +72,11 @@ class Store:
             raise StoreUnavailable(f"{path}: cannot create the span store ({exc.strerror or exc})") from None
         store = cls(client, path=path)
         store.create()
+        # merges leave the parts they replaced on disk for old_parts_lifetime (8 minutes,
+        # a server's guard against a crash before the merged part reaches the disk), longer
+        # than a report runs: the store would keep twice its size. A store rebuilt from the
+        # run's files can drop them sooner, at its next open.
+        client.command(f"ALTER TABLE otel_traces MODIFY SETTING {EMBEDDED_CLEANUP}")
         return store
 
     @classmethod
@@ -98,7 +104,7 @@ class Store:
 
     def reset(self) -> None:
         """Empties the store (its files were replaced): the next load reads them all."""
-        for table in ("otel_traces", loader.FILES_TABLE, loader.LINES_TABLE):
+        for table in ("otel_traces", loader.FILES_TABLE, loader.LINES_TABLE, loader.DROPPED_TABLE, loader.REJECTED_TABLE):
             self.client.command(f"TRUNCATE TABLE IF EXISTS {table}")
 
     def load(self, files: Sequence[str]) -> loader.Load:
