@@ -75,15 +75,17 @@ def assert_the_store_reports_the_same(trace_dir: str, report: Dict[str, Any], st
     from otel_verl.tools.report.inputs import resolve
     from otel_verl.tools.store import Store, report as store_report
 
+    inputs = resolve([trace_dir])
     store = Store.embedded(store_dir)
     try:
-        store.load(resolve([trace_dir]).otlp_files)
-        sql = store_report.build(store)
+        load = store.load(inputs.otlp_files)
+        sql = store_report.build(store, inputs=inputs, load=load, timeline=True,
+                                 top=len(report["slowest_trajectories"]))  # as many as the report lists
     finally:
         store.close()
     for key in ("stage_order", "trajectories", "shape", "runs", "trainer"):
         assert sql[key] == report[key], key
-    for key in ("steps", "stage_overlap", "rollout_latency"):
+    for key in ("steps", "stage_overlap", "rollout_latency", "slowest_trajectories", "tail", "losses", "timeline"):
         _assert_close(sql[key], report[key], key)
     assert sql["samples"] == {k: report["samples"][k] for k in ("roots", "outcomes")}
 

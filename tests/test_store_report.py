@@ -5,10 +5,12 @@ runs asks which."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
 from otel_verl.tools.report import InputError, build
+from otel_verl.tools.report.inputs import resolve
 from otel_verl.tools.store import report as store_report
 from otel_verl.tools.store.store import open_store
 from otlp_runs import async_run, straggler_run
@@ -27,7 +29,8 @@ def rounded(value):
 
 
 def same_sections(sql, memory):
-    for key in ("stage_order", "steps", "stage_overlap", "rollout_latency", "trajectories", "shape", "runs", "trainer"):
+    for key in ("stage_order", "steps", "stage_overlap", "rollout_latency", "trajectories", "slowest_trajectories",
+                "tail", "losses", "timeline", "shape", "runs", "trainer"):
         assert rounded(sql[key]) == rounded(memory[key]), key
     assert sql["samples"] == {k: memory["samples"][k] for k in ("roots", "outcomes")}
 
@@ -53,7 +56,8 @@ def stores():
                          ids=["sync", "three-steps", "async"])
 def test_the_sql_sections_equal_the_in_memory_report(tmp_path, stores, make):
     trace_dir = make().write(str(tmp_path / "run"))
-    same_sections(store_report.build(stores(trace_dir)), build([trace_dir]))
+    store = stores(trace_dir)
+    same_sections(store_report.build(store, timeline=True, inputs=resolve([trace_dir])), build([trace_dir]))
 
 
 def test_steps_select_the_steps_and_their_trajectories(tmp_path, stores):
@@ -106,14 +110,15 @@ def test_report_steps_prints_those_steps(tmp_path):
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[0] == "run sync-run; trainer RayPPOTrainer; sync; 2 prompts x 2 a step; steps 2-3"
     rows = [line.split()[0] for line in text.stdout.splitlines() if line[:1].isdigit()]
-    assert rows == ["2", "3", "2", "3"]  # the steps table, then rollout latency
+    assert rows[:4] == ["2", "3", "2", "3"]  # the steps table, then rollout latency
+    assert "u3-2/1        2   1.500" in text.stdout  # the slowest trajectories of those steps
+    assert "Critical path per step" in text.stdout and "Legacy files vs spans" in text.stdout
     data = json.loads(otel_verl("report", trace_dir, "--steps", "3", "--json").stdout)
     assert [r["step"] for r in data["steps"]] == [3] and data["selected_steps"] == [3, 3]
 
 
 @pytest.mark.parametrize("args, needle", [
     (("--steps", "3-1"), "Invalid value for --steps: expected A <= B"),
-    (("--steps", "1", "--png", "x.png"), "(not yet --png's timeline)"),
     (("--run", "sync-run", "--perfetto", "x.pftrace"), "--perfetto from the span store draws the steps --steps A-B selects"),
     (("--run", "nope"), "no run 'nope' in the store (it holds sync-run)"),
 ])
@@ -121,6 +126,19 @@ def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, a
     trace_dir = straggler_run().write(str(tmp_path / "run"))
     proc = otel_verl("report", trace_dir, *args)
     assert proc.returncode in (1, 2) and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_report_steps_png_draws_those_steps(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
+    png = str(tmp_path / "steps.png")
+    proc = otel_verl("report", trace_dir, "--steps", "2-3", "--png", png, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [r["step"] for r in data["png"]["rows"]] == [2, 3] and os.path.getsize(png) > 0
+    assert [r["step"] for r in data["timeline"]] == [2, 3]
 
 
 def test_compare_from_the_store_equals_the_in_memory_comparison(tmp_path):

@@ -565,7 +565,7 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
 @click.option("--compare", is_flag=True,
               help="Compare two runs, PATHS = A B: steps, stages and rollout latency side by side with B/A (--png: as a figure).")
 @click.option("--steps", "step_range", metavar="A-B",
-              help="Only steps A to B (or one step A), from the span store: steps, stages, rollout latency, samples.")
+              help="Only steps A to B (or one step A), from the span store.")
 @click.option("--clickhouse", metavar="URL", envvar="OTEL_VERL_CLICKHOUSE",
               help="Report from a ClickHouse server's span store (the Collector's clickhouse exporter fills it) "
                    "[env: OTEL_VERL_CLICKHOUSE].")
@@ -577,8 +577,8 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     (critical path, replicas, waiting, staleness), samples that never finished, losses.
     PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the Collector
     file exporter's); with --compare two runs, A and B. With --steps, --clickhouse or --run
-    it reads the span store instead (docs/STORE.md): steps, stages, rollout latency and
-    samples, --compare, and --perfetto of the selected steps."""
+    it reads the span store instead (docs/STORE.md): every section, --compare, --png, and
+    --perfetto of the selected steps."""
     import json
 
     from otel_verl.tools.report import build
@@ -588,9 +588,6 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     if compare and len(paths) != 2:
         raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
     from_store = bool(step_range or clickhouse or run_id)
-    if from_store and png and not compare:
-        raise click.ClickException("--steps, --clickhouse and --run report from the span store: its steps, stages, "
-                                   "rollout latency, samples, --compare and --perfetto (not yet --png's timeline)")
     if from_store and perfetto_path and not step_range:
         raise click.ClickException("--perfetto from the span store draws the steps --steps A-B selects")
 
@@ -611,7 +608,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         except PerfettoMissing as exc:
             raise click.ClickException(f"--perfetto: {exc}") from None
     if from_store:
-        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png, perfetto_path)
+        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png, perfetto_path, top)
         return
     if compare:
         _report_comparison(paths, as_json, png)
@@ -638,7 +635,7 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
 
 
 def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_range: str | None, run_id: str | None,
-                       as_json: bool, compare: bool, png: str | None, perfetto_path: str | None) -> None:
+                       as_json: bool, compare: bool, png: str | None, perfetto_path: str | None, top: int) -> None:
     """The report, or with ``compare`` two runs side by side (two trace dirs, or two run
     ids of the ClickHouse server's store), from the span store; ``perfetto_path``: the
     selected steps' spans as a Perfetto trace too, read from their rows only."""
@@ -653,10 +650,11 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--steps") from None
 
     def build(paths_: Tuple[str, ...], run: str | None) -> Dict[str, Any]:
-        store, described = _store(paths_, clickhouse)
+        store, described, load, inputs = _store(paths_, clickhouse)
         with store:
             try:
-                data = {**store_report.build(store, run_id=run, steps=steps), "inputs": described}
+                data = {**store_report.build(store, run_id=run, steps=steps, top=top, inputs=inputs, load=load,
+                                             timeline=bool(png) and not compare), "inputs": described}
                 if perfetto_path and steps:
                     from otel_verl.tools.report import perfetto
                     from otel_verl.tools.store import spans
@@ -683,12 +681,18 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         return
     data = build(paths, run_id)
     lines = data.pop("perfetto_lines", [])
+    if png:
+        from otel_verl.tools.report.timeline import draw
+
+        data["png"] = _draw_png(png, lambda: draw(data, png))
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
     from otel_verl.tools.report.text import render_store_report
 
     _print_rich(lambda console: render_store_report(data, console))
+    if png:
+        click.echo(f"timeline: {_shown(png)}")
     for line in lines:
         click.echo(_shown(line))
 
@@ -795,7 +799,7 @@ def query(args: Tuple[str, ...], clickhouse: str | None, fmt: str) -> None:
     from otel_verl.tools.store import query as queries
 
     *paths, sql = args
-    store, _ = _store(tuple(paths), clickhouse)
+    store, _, _, _ = _store(tuple(paths), clickhouse)
     with store:
         try:
             names, rows = queries.run(store, sql)
@@ -817,10 +821,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[str, Any]]:
-    """The store to read (:func:`otel_verl.tools.store.store.open_store`) and what the
-    report says of its inputs, with a warning on stderr for each file and line of the
-    inputs it could not read."""
+def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[str, Any], Any, Any]:
+    """The store to read, its load and inputs (:func:`otel_verl.tools.store.store.open_store`)
+    and what the report says of its inputs, with a warning on stderr for each file and line
+    of the inputs it could not read."""
     from otel_verl.tools.report import InputError
     from otel_verl.tools.store.store import open_store, rejected_lines
 
@@ -844,7 +848,7 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
             click.echo(f"warning: {_shown(path)}:{line}: {why}: skipped", err=True)
         if total > len(rejected):
             click.echo(f"warning: {total - len(rejected)} more line(s) that are no OTLP span data: skipped", err=True)
-    return store, described
+    return store, described, load, inputs
 
 
 SHOWN_REJECTED_LINES = 20

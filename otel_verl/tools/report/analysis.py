@@ -235,9 +235,18 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
     for span in spans:
         for key in limits:
             limits[key] += span.get("dropped", {}).get(key, 0)
+    return losses(inputs, span_limit_drops=limits, truncated_lines=len(lines.truncated),
+                  trajectory_spans=len(trajectories) if spans else None)
+
+
+def losses(inputs: Inputs, *, span_limit_drops: Dict[str, int], truncated_lines: int,
+           trajectory_spans: Optional[int]) -> Dict[str, Any]:
+    """The ``losses`` section from its counts: what SDK span limits cut off, the lines no
+    span could be read from, and the training trajectory spans the legacy files' lines are
+    held against (``None``: no span at all, nothing to compare; no_spans_section says why)."""
     checks = []
-    if spans and inputs.has_legacy:  # without any span there is nothing to compare (no_spans_section says why)
-        n_spans = len(trajectories)
+    if trajectory_spans is not None and inputs.has_legacy:
+        n_spans = trajectory_spans
         task_lines = _count_lines(inputs.progress_logs, lambda line: bool(_TASK_LINE.match(line)))
         jsonl_lines = _count_lines(inputs.trajectory_jsonl)
         started = sum(1 for row in _read_csv_rows(inputs.sample_csv) if len(row) >= 6 and _starts_trajectory(row[5]))
@@ -263,8 +272,8 @@ def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any
     return {
         "recorded": recorded,
         "note": note,
-        "span_limit_drops": limits,
-        "truncated_lines": len(lines.truncated),
+        "span_limit_drops": span_limit_drops,
+        "truncated_lines": truncated_lines,
         "consistency": checks,
     }
 
@@ -442,11 +451,11 @@ def _timeline_data(spans: List[Dict[str, Any]], steps: List[Dict[str, Any]],
     for row in out.values():
         row["stages"].sort(key=lambda b: b["start_s"])
         row["trajectories"].sort(key=lambda b: b["start_s"])
-        _assign_lanes(row["stages"])
+        assign_lanes(row["stages"])
     return [out[step] for step in sorted(out)]
 
 
-def _assign_lanes(bars: List[Dict[str, Any]]) -> None:
+def assign_lanes(bars: List[Dict[str, Any]]) -> None:
     """Give each bar (sorted by start) the first ``lane`` free at its start, so that
     concurrent stages are drawn beside each other, not over each other."""
     lane_ends: List[float] = []

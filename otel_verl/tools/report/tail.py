@@ -104,7 +104,8 @@ def running_intervals(traj: Dict[str, Any], index: SpanIndex) -> List[Interval]:
     return [(a, b) for a, b in out if b > a]
 
 
-def _main_replica(requests: List[Request]) -> Optional[str]:
+def main_replica(requests: List[Request]) -> Optional[str]:
+    """The replica that served the most of ``requests``' time (ties: by name)."""
     served: Dict[str, int] = defaultdict(int)
     for replica, start, end in requests:
         served[replica] += end - start
@@ -124,6 +125,11 @@ def _replica_load(replicas: List[str], requests: List[Request], window: Interval
         rows.append({"replica": replica, "busy_s": busy, "requests": len(inside),
                      "busy_fraction": busy / wall if wall > 0 else None})
     return rows
+
+
+def load_rank(load: Dict[str, Any]) -> Tuple[float, int, str]:
+    """How a window's replicas rank from idlest to busiest: busy time, then requests, then name."""
+    return load["busy_s"], load["requests"], load["replica"]
 
 
 def _waiting(step_span: Dict[str, Any], stages: List[Dict[str, Any]], running: List[Interval]) -> Dict[str, float]:
@@ -241,14 +247,14 @@ def tail_section(spans: List[Dict[str, Any]], index: SpanIndex, trajectories: Li
             mine = requests_of[(last["traceId"], last["spanId"])]
             row["critical_path"] = {**trajectory_split(last, index),
                                     "generation_step": _int(last["attributes"].get(sc.GLOBAL_STEP)),
-                                    "replica": _main_replica(mine),
+                                    "replica": main_replica(mine),
                                     "replicas": sorted({r for r, _, _ in mine}),
                                     "started_s": (last["startTimeUnixNano"] - window[0]) / NS}
             if replicas:
                 load = _replica_load(replicas, requests, window)
                 row["replicas"] = {
-                    "busiest": max(load, key=lambda r: (r["busy_s"], r["requests"], r["replica"])),
-                    "idlest": min(load, key=lambda r: (r["busy_s"], r["requests"], r["replica"])),
+                    "busiest": max(load, key=load_rank),
+                    "idlest": min(load, key=load_rank),
                     "per_replica": load,
                 }
         if step in step_spans:

@@ -134,9 +134,10 @@ def render_store_report(report: Dict[str, Any], console: Console) -> None:
         markup=False, highlight=False,
     )
     _render_steps(report, console)
-    samples = report["samples"]
-    outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
-    console.print(f"Samples: {samples['roots']} verl.sample roots ({outcomes})", markup=False, highlight=False)
+    _render_slowest(report, console)
+    _render_tail(report["tail"], console)
+    _render_samples(report["samples"], console)
+    _render_losses(report["losses"], console)
 
 
 def render(report: Dict[str, Any], console: Console) -> None:
@@ -157,7 +158,13 @@ def render(report: Dict[str, Any], console: Console) -> None:
     console.print(f"truncated: {inputs['truncated']}", markup=False, highlight=False)
 
     _render_steps(report, console)
+    _render_slowest(report, console)
+    _render_tail(report["tail"], console)
+    _render_samples(report["samples"], console)
+    _render_losses(report["losses"], console)
 
+
+def _render_slowest(report: Dict[str, Any], console: Console) -> None:
     table = _table(
         console,
         f"Slowest trajectories (s) of {report['trajectories']}: LLM = client time of its LLM spans; queue / prefill / "
@@ -168,12 +175,14 @@ def render(report: Dict[str, Any], console: Console) -> None:
         table.add_row(f"{t['uid']}/{t['traj_uid']}", str(t["step"]), _s(t["duration_s"]), str(t["turns"]), _s(t["llm_s"]),
                       *_split_cells(t))
     console.print(table)
-    _render_tail(report["tail"], console)
 
-    samples = report["samples"]
+
+def _render_samples(samples: Dict[str, Any], console: Console) -> None:
     outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
     console.print()
     console.print(f"Samples: {samples['roots']} verl.sample roots ({outcomes})", markup=False, highlight=False)
+    if "unfinished_count" not in samples:  # a store report's samples: roots and outcomes only
+        return
     if not samples["unfinished_count"]:
         console.print("never finished: none", markup=False, highlight=False)
     else:
@@ -185,7 +194,8 @@ def render(report: Dict[str, Any], console: Console) -> None:
             console.print(f"... and {samples['unfinished_count'] - len(samples['unfinished'])} more (--json lists them)",
                           markup=False, highlight=False)
 
-    losses = report["losses"]
+
+def _render_losses(losses: Dict[str, Any], console: Console) -> None:
     _render_loss_counters(losses, console)
     limits = losses["span_limit_drops"]
     console.print(

@@ -4,9 +4,11 @@ in-memory report's (:mod:`otel_verl.tools.report.analysis`; ``tests/test_store_r
 holds them equal); Python only shapes rows the engine aggregated, at most one row per step
 and stage.
 
-Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency``, ``trajectories``,
-``samples`` (roots and outcomes), ``shape``, ``runs``, ``trainer``, ``inputs``. The other
-sections of the in-memory report are not built here yet; ``sections`` lists those that are.
+Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency``,
+``trajectories``, ``slowest_trajectories`` (:mod:`.slowest`), ``tail`` (:mod:`.tail`),
+``samples`` (roots and outcomes), ``losses`` (:mod:`.losses`), ``timeline``
+(:mod:`.timeline`, when asked for: every trajectory's bar), ``shape``, ``runs``, ``trainer``.
+``sections`` lists those built.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from otel_verl import semconv as sc
-from otel_verl.tools.report.inputs import InputError
+from otel_verl.tools.report.inputs import InputError, Inputs
+from otel_verl.tools.store import losses, slowest, tail
+from otel_verl.tools.store import timeline as bars
+from otel_verl.tools.store.load import Load
 from otel_verl.tools.store.store import Store
 
-SECTIONS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "samples", "shape")
+SECTIONS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "slowest_trajectories", "tail", "samples",
+            "losses", "shape")
 STAGE_ORDER = [s.value for s in sc.Stage]
 
 # a step's time no stage covers: its stages clipped to it, sorted, and their union summed
@@ -89,8 +95,12 @@ def pick_run(store: Store, run_id: Optional[str]) -> Optional[str]:
     return runs[0] if runs else None
 
 
-def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
-    """The SQL report of one run (:func:`pick_run`), of ``steps`` (first, last) when given."""
+def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[int, int]] = None, top: int = 5,
+          inputs: Optional[Inputs] = None, load: Optional[Load] = None, timeline: bool = False) -> Dict[str, Any]:
+    """The SQL report of one run (:func:`pick_run`), of ``steps`` (first, last) when given;
+    ``top`` slowest trajectories; ``inputs`` and ``load``: the files beside an embedded
+    store (:func:`otel_verl.tools.store.store.open_store`), for ``losses``; ``timeline``:
+    with the timeline's bars."""
     run = pick_run(store, run_id)
     params: Dict[str, Any] = {"run": run or "", "first": steps[0] if steps else -1, "last": steps[1] if steps else 1 << 62}
     run_filter = "run_id = {run:String}"
@@ -147,8 +157,8 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         params)]
     later = store.rows(_ASYNC.format(run=run_filter, where=where), params)[0]["later"]
     counted = store.rows(_PER_STEP.format(where_nullable=where_nullable), params)[0]
-    return {
-        "sections": list(SECTIONS),
+    report = {
+        "sections": list(SECTIONS) + (["timeline"] if timeline else []),
         "runs": [run] if run else [],
         "selected_steps": list(steps) if steps else None,
         "trainer": trainer,
@@ -165,8 +175,14 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         "stage_overlap": overlap,
         "rollout_latency": latency,
         "trajectories": sum(r["count"] for r in latency),
+        "slowest_trajectories": slowest.build(store, run, steps, top),
+        "tail": tail.build(store, run, steps, asynchronous=bool(later)),
         "samples": {"roots": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))},
+        "losses": losses.build(store, run, inputs=inputs, load=load),
     }
+    if timeline:
+        report["timeline"] = bars.build(store, run, steps)
+    return report
 
 
 def parse_steps(text: str) -> Tuple[int, int]:

@@ -5,7 +5,8 @@
 The store keeps attribute values as text, as the Collector's exporter does; they are read
 back by one rule: a text that reads as a JSON number, ``true`` or ``false`` is that value,
 a JSON array is a list of values read by the same rule, any other text stays text. So
-``"3"`` comes back as 3 whether it was an int or a string ``"3"``, alike on every span.
+``"3"`` comes back as 3 whether it was an int or a string ``"3"``, alike on every span;
+identifiers (uid, traj_uid, the LLM server's id) always stay text.
 """
 
 from __future__ import annotations
@@ -13,23 +14,41 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
+from otel_verl import semconv as sc
 from otel_verl.tools.store.store import Store
 
 KINDS = {"Unspecified": 0, "Internal": 1, "Server": 2, "Client": 3, "Producer": 4, "Consumer": 5}
 STATUSES = {"Unset": 0, "Ok": 1, "Error": 2}
 _NUMBER_START = frozenset("-0123456789[")
+IDENTIFIERS = frozenset((sc.UID, sc.TRAJ_UID, sc.LLM_SERVER_ID))  # text even when they read as numbers
+_COLUMNS = """TraceId, SpanId, ParentSpanId, SpanName, SpanKind, toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration,
+    SpanAttributes, ResourceAttributes, ScopeName, StatusCode, StatusMessage,
+    arrayMap(t -> toUnixTimestamp64Nano(t), `Events.Timestamp`) AS event_ns, `Events.Name` AS event_names,
+    `Events.Attributes` AS event_attributes, `Links.TraceId` AS link_traces, `Links.SpanId` AS link_spans,
+    `Links.Attributes` AS link_attributes"""
 
 # the rows of steps first..last of a run, and the rows without a step (sample roots, LLM
 # server requests) of the traces those steps' rows are in
-_ROWS = """
-SELECT TraceId, SpanId, ParentSpanId, SpanName, SpanKind, toUnixTimestamp64Nano(Timestamp) AS start_ns, Duration,
-    SpanAttributes, ResourceAttributes, ScopeName, StatusCode, StatusMessage,
-    arrayMap(t -> toUnixTimestamp64Nano(t), `Events.Timestamp`) AS event_ns, `Events.Name`, `Events.Attributes`,
-    `Links.TraceId`, `Links.SpanId`, `Links.Attributes`
+_ROWS = f"""
+SELECT {_COLUMNS}
 FROM otel_traces
-WHERE RunId = {run:String} AND (Step BETWEEN {first:Int64} AND {last:Int64}
+WHERE RunId = {{run:String}} AND (Step BETWEEN {{first:Int64}} AND {{last:Int64}}
     OR Step = -1 AND TraceId IN (SELECT TraceId FROM otel_traces
-                                 WHERE RunId = {run:String} AND Step BETWEEN {first:Int64} AND {last:Int64}))
+                                 WHERE RunId = {{run:String}} AND Step BETWEEN {{first:Int64}} AND {{last:Int64}}))
+ORDER BY Timestamp
+"""
+# one span and its descendants, found down the parent links within its trace
+_SUBTREE = f"""
+WITH RECURSIVE tree AS (
+    SELECT TraceId AS trace_id, SpanId AS span_id, 0 AS depth FROM otel_traces
+    WHERE RunId = {{run:String}} AND TraceId = {{trace:String}} AND SpanId = {{span:String}}
+    UNION ALL
+    SELECT o.TraceId, o.SpanId, tree.depth + 1 FROM otel_traces AS o
+    INNER JOIN tree ON o.TraceId = tree.trace_id AND o.ParentSpanId = tree.span_id
+    WHERE o.RunId = {{run:String}} AND o.TraceId = {{trace:String}} AND tree.depth < 64
+)
+SELECT {_COLUMNS} FROM otel_traces
+WHERE RunId = {{run:String}} AND TraceId = {{trace:String}} AND SpanId IN (SELECT span_id FROM tree)
 ORDER BY Timestamp
 """
 
@@ -50,13 +69,21 @@ def value(text: str) -> Any:
 
 
 def attributes(mapping: Dict[str, str]) -> Dict[str, Any]:
-    return {key: value(text) for key, text in mapping.items()}
+    return {key: text if key in IDENTIFIERS else value(text) for key, text in mapping.items()}
 
 
 def of_steps(store: Store, run_id: Optional[str], steps: Tuple[int, int]) -> List[Dict[str, Any]]:
     """The flat spans of ``steps`` (first, last) of ``run_id``, in start order."""
-    params = {"run": run_id or "", "first": steps[0], "last": steps[1]}
-    _, rows = store.query(_ROWS, params)
+    return _flat(store.query(_ROWS, {"run": run_id or "", "first": steps[0], "last": steps[1]})[1])
+
+
+def subtree(store: Store, run_id: Optional[str], trace_id: str, span_id: str) -> List[Dict[str, Any]]:
+    """The flat spans of one span and its descendants (a trajectory's, for its split), in
+    start order."""
+    return _flat(store.query(_SUBTREE, {"run": run_id or "", "trace": trace_id, "span": span_id})[1])
+
+
+def _flat(rows: List[tuple]) -> List[Dict[str, Any]]:
     out = []
     for (trace, span, parent, name, kind, start, duration, attrs, resource, scope, status, message,
          event_ns, event_names, event_attrs, link_traces, link_spans, link_attrs) in rows:
