@@ -654,7 +654,8 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         with store:
             try:
                 data = {**store_report.build(store, run_id=run, steps=steps, top=top, inputs=inputs, load=load,
-                                             timeline=bool(png) and not compare), "inputs": described}
+                                             timeline=bool(png) and not compare,
+                                             unfinished_limit=None if as_json else 20), "inputs": described}
                 if perfetto_path and steps:
                     from otel_verl.tools.report import perfetto
                     from otel_verl.tools.store import spans

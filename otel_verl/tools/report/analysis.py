@@ -156,10 +156,39 @@ def _read_csv_rows(paths: Sequence[str]) -> Iterable[List[str]]:
             yield from csv.reader(f)
 
 
+LastSeen = Tuple[int, str, Optional[int]]  # time ns, where, step
+
+
+def read_sample_csv(paths: Sequence[str]) -> Tuple[set, set, Dict[str, LastSeen]]:
+    """The sample-flow CSV's uids, those with a ``COMPLETE`` row, and each uid's last row
+    (the first of its latest) as ``(time ns, "CSV {stage}", global_step)``."""
+    uids: set = set()
+    complete: set = set()
+    last: Dict[str, LastSeen] = {}
+    for row in _read_csv_rows(paths):
+        if len(row) < 6:
+            continue
+        uid = row[2].rpartition("/")[0]
+        if not uid or uid == "*":
+            continue
+        uids.add(uid)
+        if row[3] == "COMPLETE":
+            complete.add(uid)
+        try:
+            t = int(row[4]) * 1_000_000
+        except ValueError:
+            continue
+        fields = dict(part.split("=", 1) for part in row[5].split("|") if "=" in part)
+        if uid not in last or t > last[uid][0]:
+            step = fields.get("global_step")
+            last[uid] = (t, f"CSV {fields.get('stage', '?')}", int(step) if step and step.isdigit() else None)
+    return uids, complete, last
+
+
 def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit: Optional[int]) -> Dict[str, Any]:
     roots: Dict[str, Dict[str, Any]] = {}
     validation_uids = set()
-    last_seen: Dict[str, Tuple[int, str, Any]] = {}  # uid -> (time ns, where, step)
+    last_seen: Dict[str, LastSeen] = {}
     for span in spans:
         attrs = span["attributes"]
         uid = attrs.get(sc.UID)
@@ -172,25 +201,10 @@ def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit
         t = span["endTimeUnixNano"] or span["startTimeUnixNano"]
         if uid not in last_seen or t > last_seen[uid][0]:
             last_seen[uid] = (t, f"span {span['name']}", attrs.get(sc.GLOBAL_STEP))
-    csv_complete = set()
-    csv_uids = set()
-    for row in _read_csv_rows(csv_paths):
-        if len(row) < 6:
-            continue
-        uid = row[2].rpartition("/")[0]
-        if not uid or uid == "*":
-            continue
-        csv_uids.add(uid)
-        if row[3] == "COMPLETE":
-            csv_complete.add(uid)
-        try:
-            t = int(row[4]) * 1_000_000
-        except ValueError:
-            continue
-        fields = dict(part.split("=", 1) for part in row[5].split("|") if "=" in part)
-        if uid not in last_seen or t > last_seen[uid][0]:
-            step = fields.get("global_step")
-            last_seen[uid] = (t, f"CSV {fields.get('stage', '?')}", int(step) if step and step.isdigit() else None)
+    csv_uids, csv_complete, csv_last = read_sample_csv(csv_paths)
+    for uid, seen in csv_last.items():
+        if uid not in last_seen or seen[0] > last_seen[uid][0]:
+            last_seen[uid] = seen
     outcomes = Counter(root["attributes"].get(sc.SAMPLE_OUTCOME) or "(none)" for root in roots.values())
     unfinished = []
     for uid, root in roots.items():

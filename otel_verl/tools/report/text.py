@@ -181,8 +181,6 @@ def _render_samples(samples: Dict[str, Any], console: Console) -> None:
     outcomes = ", ".join(f"{k} {v}" for k, v in samples["outcomes"].items()) or "-"
     console.print()
     console.print(f"Samples: {samples['roots']} verl.sample roots ({outcomes})", markup=False, highlight=False)
-    if "unfinished_count" not in samples:  # a store report's samples: roots and outcomes only
-        return
     if not samples["unfinished_count"]:
         console.print("never finished: none", markup=False, highlight=False)
     else:

@@ -6,7 +6,7 @@ and stage.
 
 Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency``,
 ``trajectories``, ``slowest_trajectories`` (:mod:`.slowest`), ``tail`` (:mod:`.tail`),
-``samples`` (roots and outcomes), ``losses`` (:mod:`.losses`), ``timeline``
+``samples`` (:mod:`.samples`), ``losses`` (:mod:`.losses`), ``timeline``
 (:mod:`.timeline`, when asked for: every trajectory's bar), ``shape``, ``runs``, ``trainer``.
 ``sections`` lists those built.
 """
@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from otel_verl import semconv as sc
 from otel_verl.tools.report.inputs import InputError, Inputs
-from otel_verl.tools.store import losses, slowest, tail
+from otel_verl.tools.store import losses, samples, slowest, tail
 from otel_verl.tools.store import timeline as bars
 from otel_verl.tools.store.load import Load
 from otel_verl.tools.store.store import Store
@@ -59,7 +59,6 @@ _LATENCY = """
 SELECT step, count() AS count, quantilesExactInclusive(0.5, 0.9, 0.99)(duration_s) AS q, max(duration_s) AS max_s
 FROM trajectories WHERE NOT validate AND {where_nullable} GROUP BY step ORDER BY isNull(step), step
 """
-_SAMPLES = "SELECT outcome, count() AS n FROM samples WHERE {run} GROUP BY outcome"
 # whether a sample of these steps was trained in a later step than the one that generated
 # it; read from these steps' rows and their samples' trajectories only
 _ASYNC = """
@@ -96,11 +95,13 @@ def pick_run(store: Store, run_id: Optional[str]) -> Optional[str]:
 
 
 def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[int, int]] = None, top: int = 5,
-          inputs: Optional[Inputs] = None, load: Optional[Load] = None, timeline: bool = False) -> Dict[str, Any]:
+          inputs: Optional[Inputs] = None, load: Optional[Load] = None, timeline: bool = False,
+          unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
     """The SQL report of one run (:func:`pick_run`), of ``steps`` (first, last) when given;
     ``top`` slowest trajectories; ``inputs`` and ``load``: the files beside an embedded
-    store (:func:`otel_verl.tools.store.store.open_store`), for ``losses``; ``timeline``:
-    with the timeline's bars."""
+    store (:func:`otel_verl.tools.store.store.open_store`), for ``losses`` and the samples'
+    CSV; ``timeline``: with the timeline's bars; ``unfinished_limit`` caps the listed
+    unfinished samples (``None``: all)."""
     run = pick_run(store, run_id)
     params: Dict[str, Any] = {"run": run or "", "first": steps[0] if steps else -1, "last": steps[1] if steps else 1 << 62}
     run_filter = "run_id = {run:String}"
@@ -141,11 +142,6 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
 
     latency = [{"step": r["step"], "count": r["count"], "p50_s": r["q"][0], "p90_s": r["q"][1], "p99_s": r["q"][2],
                 "max_s": r["max_s"]} for r in store.rows(_LATENCY.format(where_nullable=where_nullable), params)]
-    sample_filter = run_filter
-    if steps:  # the samples those steps trained or staged
-        sample_filter += (" AND (trained_step BETWEEN {first:Int64} AND {last:Int64} OR uid IN (SELECT uid FROM "
-                          f"sample_stages WHERE {where}))")
-    outcomes = {r["outcome"] or "(none)": r["n"] for r in store.rows(_SAMPLES.format(run=sample_filter), params)}
     fit = next(iter(store.rows("SELECT trainer, train_batch_size, rollout_n FROM runs WHERE run_id = {run:String} "
                                "LIMIT 1", params)), {})
     trainer = fit.get("trainer") or next(
@@ -177,7 +173,7 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         "trajectories": sum(r["count"] for r in latency),
         "slowest_trajectories": slowest.build(store, run, steps, top),
         "tail": tail.build(store, run, steps, asynchronous=bool(later)),
-        "samples": {"roots": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items()))},
+        "samples": samples.build(store, run, steps, inputs=inputs, limit=unfinished_limit),
         "losses": losses.build(store, run, inputs=inputs, load=load),
     }
     if timeline:
