@@ -108,3 +108,25 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture()
+def opened_store():
+    """``opened_store(trace_dir)``: ``(store, load, inputs)`` of its embedded span store,
+    loaded (:func:`otel_verl.tools.store.store.open_store`); chDB holds one store a process,
+    so the one opened before is closed."""
+    from otel_verl.tools.store.store import open_store
+
+    opened = []
+
+    def open_(path):
+        for store in opened:
+            store.close()
+        opened.clear()
+        store, load, inputs = open_store([path], None)
+        opened.append(store)
+        return store, load, inputs
+
+    yield open_
+    for store in opened:
+        store.close()

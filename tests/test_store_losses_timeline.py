@@ -6,7 +6,6 @@ stages that ran at once, a step without its ``verl.step`` span."""
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import pytest
@@ -15,39 +14,20 @@ from otel_verl import semconv as sc
 from otel_verl.tools.report import build
 from otel_verl.tools.store import losses, timeline
 from otel_verl.tools.store.report import pick_run
-from otel_verl.tools.store.store import open_store
+from store_checks import rounded
 from otlp_runs import WORKER, Run, async_run, straggler_run
 
 pytest.importorskip("clickhouse_connect")
 
 
-def rounded(value):
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return value
-
-
 @pytest.fixture()
-def stores():
-    """``open_(trace_dir)`` -> (store, load, inputs, run); one chDB store per process: the
-    one opened before is closed."""
-    opened = []
-
+def stores(opened_store):
+    """``stores(trace_dir)`` -> (store, load, inputs, run)."""
     def open_(path):
-        for s in opened:
-            s.close()
-        opened.clear()
-        store, load, inputs = open_store([path], None)
-        opened.append(store)
+        store, load, inputs = opened_store(path)
         return store, load, inputs, pick_run(store, None)
 
-    yield open_
-    for s in opened:
-        s.close()
+    return open_
 
 
 def sections(opened, steps=None):

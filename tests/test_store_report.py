@@ -4,7 +4,6 @@ runs asks which."""
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -12,20 +11,10 @@ import pytest
 from otel_verl.tools.report import InputError, build
 from otel_verl.tools.report.inputs import resolve
 from otel_verl.tools.store import report as store_report
-from otel_verl.tools.store.store import open_store
+from store_checks import rounded
 from otlp_runs import async_run, straggler_run
 
 pytest.importorskip("clickhouse_connect")
-
-
-def rounded(value):
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return value
 
 
 def same_sections(sql, memory):
@@ -35,20 +24,8 @@ def same_sections(sql, memory):
 
 
 @pytest.fixture()
-def stores():
-    opened = []
-
-    def open_(path):
-        for s in opened:
-            s.close()
-        opened.clear()
-        store, _, _ = open_store([path], None)
-        opened.append(store)
-        return store
-
-    yield open_
-    for s in opened:
-        s.close()
+def stores(opened_store):
+    return lambda path: opened_store(path)[0]
 
 
 @pytest.mark.parametrize("make", [straggler_run, lambda: straggler_run(extra_step=True, lineage=False), async_run],

@@ -11,7 +11,6 @@ import pytest
 from otel_verl import semconv as sc
 from otel_verl.tools.report import build
 from otel_verl.tools.store import samples
-from otel_verl.tools.store.store import open_store
 from otlp_runs import WORKER, async_run, straggler_run
 
 pytest.importorskip("clickhouse_connect")
@@ -20,20 +19,13 @@ JOB = "ENV_NOTFOUND_DLC_JOB_ID"
 
 
 @pytest.fixture()
-def stores():
-    opened = []
-
+def stores(opened_store):
+    """``stores(trace_dir)`` -> (store, inputs)."""
     def open_(path):
-        for s in opened:
-            s.close()
-        opened.clear()
-        store, _, inputs = open_store([path], None)
-        opened.append(store)
+        store, _, inputs = opened_store(path)
         return store, inputs
 
-    yield open_
-    for s in opened:
-        s.close()
+    return open_
 
 
 def ms(seconds: float) -> int:

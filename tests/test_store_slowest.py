@@ -4,7 +4,6 @@ steps only."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
@@ -12,37 +11,15 @@ from otel_verl import semconv as sc
 from otel_verl.tools.report import build
 from otel_verl.tools.store import slowest
 from otel_verl.tools.store.report import pick_run
-from otel_verl.tools.store.store import open_store
+from store_checks import rounded
 from otlp_runs import REPLICA_A, WORKER, async_run, server_resource, straggler_run, timing
 
 pytest.importorskip("clickhouse_connect")
 
 
-def rounded(value):
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return value
-
-
 @pytest.fixture()
-def stores():
-    opened = []
-
-    def open_(path):
-        for s in opened:
-            s.close()
-        opened.clear()
-        store, _, _ = open_store([path], None)
-        opened.append(store)
-        return store
-
-    yield open_
-    for s in opened:
-        s.close()
+def stores(opened_store):
+    return lambda path: opened_store(path)[0]
 
 
 def sql_slowest(store, steps=None, top=5):

@@ -4,7 +4,6 @@ the steps by the step that trained their trajectories."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
@@ -13,37 +12,15 @@ from otel_verl.tools.report import tail as memory_tail
 from otel_verl.tools.report.inputs import Lines, read_spans, resolve
 from otel_verl.tools.report.spans import SpanIndex, training_trajectories
 from otel_verl.tools.store import report as store_report, tail as store_tail
-from otel_verl.tools.store.store import open_store
+from store_checks import rounded
 from otlp_runs import REPLICA_A, REPLICA_B, Run, async_run, straggler_run, timing
 
 pytest.importorskip("clickhouse_connect")
 
 
-def rounded(value):
-    if isinstance(value, float):
-        return None if math.isnan(value) else round(value, 6)
-    if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [rounded(v) for v in value]
-    return value
-
-
 @pytest.fixture()
-def stores():
-    opened = []
-
-    def open_(path):
-        for s in opened:
-            s.close()
-        opened.clear()
-        store, _, _ = open_store([path], None)
-        opened.append(store)
-        return store
-
-    yield open_
-    for s in opened:
-        s.close()
+def stores(opened_store):
+    return lambda path: opened_store(path)[0]
 
 
 def sql_tail(store, steps=None, asynchronous=None):

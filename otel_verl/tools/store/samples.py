@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from otel_verl import semconv as sc
 from otel_verl.tools.report.analysis import FINISHED_OUTCOMES, LastSeen, read_sample_csv
 from otel_verl.tools.report.inputs import Inputs
 from otel_verl.tools.store.store import Store

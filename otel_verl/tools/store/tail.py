@@ -157,7 +157,7 @@ WHERE request.3 > {{lo:Int64}} AND request.2 < {{hi:Int64}} GROUP BY replica
 """
 # the time within [lo, hi] some training trajectory runs (tail.running_intervals: its span
 # less the pauses between consecutive attempts of a turn), of the trajectories overlapping it
-_PAUSES = f"""
+_PAUSES = """
 arrayFlatten(arrayMap(sorted -> arrayMap(i -> (sorted[i].2, sorted[i + 1].1), range(1, length(sorted))),
     arrayMap(t -> arraySort(arrayMap(a -> (a.7, a.8), arrayFilter(a -> a.2 = t.1, attempts))), turns)))
 """
