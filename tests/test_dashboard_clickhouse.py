@@ -34,6 +34,8 @@ pytest.importorskip("clickhouse_connect")
 from otel_verl.tools.report.inputs import resolve  # noqa: E402
 from otel_verl.tools.store import query as store_query  # noqa: E402
 from otel_verl.tools.store.store import Store  # noqa: E402
+from otel_verl.tools.report import tail as memory_tail  # noqa: E402
+from otel_verl.tools.report.spans import SpanIndex  # noqa: E402
 
 SOURCE_TYPE = "grafana-clickhouse-datasource"
 DASHBOARD = "otel-verl-clickhouse.json"
@@ -139,16 +141,24 @@ def _training_trajectories(spans):
             and s["attributes"].get(sc.GLOBAL_STEP) is not None]
 
 
-def _replicas_of_turns(spans) -> Dict[str, str]:
-    """turn span id -> its replica: its verl.llm.server_id, else the process of the server
-    span under it (ray.actor_id, else service.instance.id)."""
-    served_by = {}
-    for s in spans:
-        if s["name"] == sc.SPAN_LLM_SERVER:
-            resource = s["resource"]
-            served_by[s["parentSpanId"]] = resource.get(sc.RAY_ACTOR_ID) or resource.get(sc.SERVICE_INSTANCE_ID, "")
-    return {s["spanId"]: s["attributes"].get(sc.LLM_SERVER_ID) or served_by.get(s["spanId"], "")
-            for s in spans if _operation(s) in (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)}
+def _replicas_of_turns(spans) -> Dict[str, set]:
+    """turn span id -> the replicas of its engine requests, by the report's rule
+    (``tail.engine_requests``, on the turn alone)."""
+    index = SpanIndex(spans)
+    out = {}
+    for turn in spans:
+        if _operation(turn) in (sc.OP_CHAT, sc.OP_TEXT_COMPLETION):
+            alone = {"traceId": turn["traceId"], "spanId": "\0" + turn["spanId"]}
+            index.children[(turn["traceId"], alone["spanId"])] = [turn]
+            out[turn["spanId"]] = {replica for replica, _, _ in memory_tail.engine_requests(alone, index)}
+    return out
+
+
+def _trained_step(trajectory, per_traj, per_uid):
+    """The step that trained the trajectory (report/tail.py's rule), else its generation step."""
+    attrs = trajectory["attributes"]
+    step = per_traj.get((attrs.get(sc.UID), str(attrs.get(sc.TRAJ_UID))), per_uid.get(attrs.get(sc.UID)))
+    return attrs.get(sc.GLOBAL_STEP) if step is None else step
 
 
 def close(a: float, b: float) -> bool:
@@ -170,11 +180,14 @@ def assert_the_panels_show_the_spans(results, spans) -> None:
     assert shown.keys() == stage_seconds.keys()
     assert all(close(shown[k], stage_seconds[k]) for k in shown), (shown, stage_seconds)
 
-    # each step's tail: its trajectories, the longest, which one it was and its replica
+    # each step's tail: the trajectories each step trained, the steps that generated them,
+    # the longest, which one it was and its replica (the one that served most of its
+    # engine requests' time; ties: by name)
+    per_traj, per_uid = memory_tail.trained_steps(spans)
+    index = SpanIndex(spans)
     by_step = collections.defaultdict(list)
     for s in _training_trajectories(spans):
-        by_step[s["attributes"][sc.GLOBAL_STEP]].append(s)
-    replicas = _replicas_of_turns(spans)
+        by_step[_trained_step(s, per_traj, per_uid)].append(s)
     tail = {r["step"]: r for r in results[("Each step's tail", "A")]}
     bars = {r["step"]: r for r in results[("Trajectory duration per step", "A")]}
     assert sorted(tail) == sorted(by_step) and sorted(bars) == sorted(str(step) for step in by_step)
@@ -182,6 +195,8 @@ def assert_the_panels_show_the_spans(results, spans) -> None:
         slowest = max(trajectories, key=_seconds)
         row = tail[step]
         assert row["trajectories"] == len(trajectories)
+        generated = sorted({s["attributes"][sc.GLOBAL_STEP] for s in trajectories})
+        assert row["generation_steps"] == ", ".join(map(str, generated))
         assert close(row["max_s"], _seconds(slowest)) and close(bars[str(step)]["max_s"], _seconds(slowest))
         durations = sorted(_seconds(s) for s in trajectories)
         for level in (50, 90, 99):  # quantileExact: the value at index floor(level * n) of the sorted ones
@@ -189,12 +204,7 @@ def assert_the_panels_show_the_spans(results, spans) -> None:
             assert close(row[f"p{level}_s"], exact) and close(bars[str(step)][f"p{level}_s"], exact), (level, row)
         uid, traj = slowest["attributes"][sc.UID], slowest["attributes"][sc.TRAJ_UID]
         assert (row["slowest"], row["trace_id"]) == (f"{uid}/{traj}", slowest["traceId"])
-        served = collections.Counter()
-        for turn in spans:
-            if turn["spanId"] in replicas and turn["attributes"].get(sc.UID) == uid and \
-                    turn["attributes"].get(sc.TRAJ_UID) == traj:
-                served[replicas[turn["spanId"]]] += _seconds(turn)
-        assert row["replica"] == (served.most_common(1)[0][0] if served else ""), (row, served)
+        assert row["replica"] == (memory_tail.main_replica(memory_tail.engine_requests(slowest, index)) or ""), row
 
     # staleness of the trained samples, overall and per step
     trained = [s["attributes"] for s in spans if s["name"] == sc.SPAN_SAMPLE
@@ -224,7 +234,7 @@ def assert_the_panels_show_the_spans(results, spans) -> None:
     timeouts = collections.Counter(s["attributes"].get(sc.GEN_AI_TOOL_NAME, "") for s in tools
                                    if "timed out" in s["status"]["message"].lower())
     assert {t: r["timeouts"] for t, r in tool_rows.items() if r["timeouts"]} == timeouts
-    turns = collections.Counter(replicas.values())
+    turns = collections.Counter(replica for served in _replicas_of_turns(spans).values() for replica in served)
     assert {r["replica"]: r["turns"] for r in results[("LLM turns per replica", "A")]} == turns
 
 

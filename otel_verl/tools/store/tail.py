@@ -5,14 +5,18 @@
   trajectory: one aggregate row per step (``_assigned``, ``_WINDOWS``).
 - The critical path's split and replicas: the in-memory :func:`spans.trajectory_split` and
   :func:`tail.engine_requests` on that one trajectory's spans (:func:`store.spans.subtree`).
-- Engine requests and running intervals: the descendants of the training trajectories
-  (a recursive walk down the parent links, ``_NODES``), only in the traces that matter for
-  the step's window or span; busy and running time are interval unions folded in SQL.
+- Engine requests: the ``engine_requests`` view (parent links, no walk), of the training
+  trajectories by their turns' (trace_id, uid, traj_uid); a window's load reads only the
+  traces with a request-bearing span in it. Running intervals: the trajectories
+  overlapping the step's span (its time in the sort key) less the pauses between their
+  turns' attempts (the turns read by the trajectories' step). Busy and running time are
+  interval unions folded in SQL.
 - The staleness histogram: ``samples`` counted per trained step and staleness.
 
 With ``steps`` (first, last): the rows of the steps those are (by the step that trained
 them), the staleness of the samples they trained, the async trajectories generated in them
-that no step trained; ``replicas`` stays every replica of the run (each step ranks them all).
+that no step trained; ``replicas`` stays every replica of the run (each step ranks them all):
+the one read of the whole run.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ def _assigned(candidates: str, uids: str) -> str:
     """Each training trajectory with the step that trained it (tail.py's rule: the earliest
     sample_stage listing it, else its sample's earliest stage, else the root's
     trained_step, else, sync, the step that generated it); ``candidates`` and ``uids``
-    narrow the trajectories and samples read."""
+    narrow the trajectories and samples read. The view ``trained_trajectories`` (what the
+    dashboard reads) says the same for a whole run: the engine would not narrow its joins."""
     return f"""
 SELECT t.trace_id AS trace_id, t.span_id AS span_id, t.step AS generation_step, t.start_ns AS start_ns,
     t.end_ns AS end_ns,
@@ -92,83 +97,60 @@ FROM ({assigned}) WHERE trained_step {in_steps} GROUP BY trained_step
 """
 _UNTRAINED = "SELECT count() AS n FROM ({assigned}) WHERE trained_step IS NULL AND {generated}"
 
-# the descendants of the trajectories of `anchor` (trace_id, span_id, start_ns, end_ns) in
-# their traces, as one row per trajectory: its span (s, e) and its descendants' `nodes`
-# (span_id, parent, name, is_llm, server_id, process, start_ns, end_ns); referenced once,
-# since the engine evaluates a CTE at each reference
-_NODES = f"""
-tree AS (
-    SELECT trace_id, span_id, '' AS parent, span_id AS traj_span, '' AS name, toUInt8(0) AS is_llm,
-        '' AS server_id, '' AS process, start_ns, end_ns, toUInt32(0) AS depth
-    FROM anchor
-    UNION ALL
-    SELECT o.TraceId, o.SpanId, o.ParentSpanId, tree.traj_span, toString(o.SpanName),
-        toUInt8(o.SpanAttributes['{sc.GEN_AI_OPERATION_NAME}'] IN ({_LLM_OPS})), toString(o.Replica),
-        if(o.ResourceAttributes['{sc.RAY_ACTOR_ID}'] != '', o.ResourceAttributes['{sc.RAY_ACTOR_ID}'],
-           o.ResourceAttributes['{sc.SERVICE_INSTANCE_ID}']),
-        toUnixTimestamp64Nano(o.Timestamp), toUnixTimestamp64Nano(o.Timestamp) + toInt64(o.Duration),
-        toUInt32(tree.depth + 1)
-    FROM otel_traces AS o INNER JOIN tree ON o.TraceId = tree.trace_id AND o.ParentSpanId = tree.span_id
-    WHERE o.RunId = {{run:String}} AND o.TraceId IN (SELECT trace_id FROM anchor) AND tree.depth < 64
-),
-trajectory_nodes AS (
-    SELECT anyIf(start_ns, depth = 0) AS s, anyIf(end_ns, depth = 0) AS e,
-        groupArrayIf((span_id, parent, name, is_llm, server_id, process, start_ns, end_ns), depth > 0) AS nodes,
-        arrayFilter(n -> n.4 = 1, nodes) AS turns,
-        arrayFilter(n -> n.3 = {_ATTEMPT} AND has(arrayMap(t -> t.1, turns), n.2), nodes) AS attempts
-    FROM tree GROUP BY trace_id, traj_span
-)
-"""
-# a trajectory's engine requests (tail.engine_requests) as (replica, start_ns, end_ns): its
-# units, a turn (named: its server id) and each attempt of a resumed turn (named: its
-# server id, else its turn's), as (span_id, named, start, end, is_turn); a unit's server
-# spans, else the unit itself when it names its server (a turn with attempts is none)
-_REQUESTS = f"""
-arrayFlatten(arrayMap(u -> if(
-    has(arrayMap(n -> n.2, arrayFilter(n -> n.3 = {_SERVER}, nodes)), u.1),
-    arrayFilter(r -> r.1 != '', arrayMap(n -> (if(u.2 != '', u.2, n.6), n.7, n.8),
-                                         arrayFilter(n -> n.2 = u.1 AND n.3 = {_SERVER}, nodes))),
-    if(u.2 != '' AND (u.5 = 0 OR NOT has(arrayMap(a -> a.2, attempts), u.1)), [(u.2, u.3, u.4)],
-       CAST([], 'Array(Tuple(String, Int64, Int64))'))),
-  arrayConcat(arrayMap(t -> (t.1, t.5, t.7, t.8, toUInt8(1)), turns),
-              arrayMap(a -> (a.1, if(a.5 != '', a.5, arrayFirst(t -> t.1 = a.2, turns).5), a.7, a.8, toUInt8(0)),
-                       attempts))))
-"""
-_TRAINING_TRAJECTORIES = f"SELECT trace_id, span_id, start_ns, end_ns FROM trajectories WHERE {_RUN} AND NOT validate"
+# the engine requests of training trajectories: a request names its trajectory by its
+# turn's (trace_id, uid, traj_uid), which worker.py copies from the trajectory
+def _training(traces: str) -> str:
+    return f"""(trace_id, uid, traj_uid) IN (
+    SELECT trace_id, uid, traj_uid FROM trajectories WHERE {_RUN} AND NOT validate AND {traces})"""
+
+
 _REPLICAS = f"""
-WITH RECURSIVE anchor AS ({_TRAINING_TRAJECTORIES}), {_NODES}
-SELECT DISTINCT arrayJoin({_REQUESTS}).1 AS replica FROM trajectory_nodes ORDER BY replica
+SELECT DISTINCT replica FROM engine_requests WHERE {_RUN} AND {_training("1")} ORDER BY replica
 """
-# each replica's requests overlapping the window [lo, hi] and their union within it; the
-# traces read are those with an engine request (a server span, attempt or turn) in the window
-_REPLICA_LOAD = f"""
-WITH RECURSIVE
-anchor AS ({_TRAINING_TRAJECTORIES} AND trace_id IN (
+# each replica's requests overlapping the window [lo, hi] and their union within it; only
+# the traces with a unit or server span in the window are read (a request is one of those)
+_WINDOW_TRACES = f"""trace_id IN (
     SELECT TraceId FROM otel_traces
     WHERE RunId = {{run:String}}
         AND (SpanName IN ({_ATTEMPT}, {_SERVER}) OR SpanAttributes['{sc.GEN_AI_OPERATION_NAME}'] IN ({_LLM_OPS}))
         AND toUnixTimestamp64Nano(Timestamp) < {{hi:Int64}}
-        AND toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) > {{lo:Int64}})),
-{_NODES}
-SELECT request.1 AS replica, count() AS requests,
-    {_union_ns("groupArray((greatest(request.2, {lo:Int64}), least(request.3, {hi:Int64})))")} AS busy_ns
-FROM (SELECT arrayJoin({_REQUESTS}) AS request FROM trajectory_nodes)
-WHERE request.3 > {{lo:Int64}} AND request.2 < {{hi:Int64}} GROUP BY replica
+        AND toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) > {{lo:Int64}})"""
+_REPLICA_LOAD = f"""
+SELECT replica, count() AS requests,
+    {_union_ns("groupArray((greatest(start_ns, {lo:Int64}), least(end_ns, {hi:Int64})))")} AS busy_ns
+FROM engine_requests
+WHERE {_RUN} AND start_ns < {{hi:Int64}} AND end_ns > {{lo:Int64}} AND {_WINDOW_TRACES}
+    AND {_training(_WINDOW_TRACES)}
+GROUP BY replica
 """
 # the time within [lo, hi] some training trajectory runs (tail.running_intervals: its span
-# less the pauses between consecutive attempts of a turn), of the trajectories overlapping it
-_PAUSES = """
-arrayFlatten(arrayMap(sorted -> arrayMap(i -> (sorted[i].2, sorted[i + 1].1), range(1, length(sorted))),
-    arrayMap(t -> arraySort(arrayMap(a -> (a.7, a.8), arrayFilter(a -> a.2 = t.1, attempts))), turns)))
-"""
+# less the pauses between consecutive attempts of a turn), of the trajectories overlapping
+# it; their turns are read by their step (the trajectory's, in the sort key)
 _RUNNING = f"""
-WITH RECURSIVE
-anchor AS ({_TRAINING_TRAJECTORIES} AND start_ns < {{hi:Int64}} AND end_ns > {{lo:Int64}}),
-{_NODES}
+WITH overlapping AS (
+    SELECT trace_id, uid, traj_uid, step, start_ns AS s, end_ns AS e FROM trajectories
+    WHERE {_RUN} AND NOT validate AND start_ns < {{hi:Int64}} AND end_ns > {{lo:Int64}}),
+turn_pauses AS (
+    SELECT t.TraceId AS trace_id, t.Uid AS uid, t.TrajUid AS traj_uid,
+        arraySort(groupArray((a.start_ns, a.end_ns))) AS sorted,
+        arrayMap(i -> (sorted[i].2, sorted[i + 1].1), range(1, length(sorted))) AS pauses
+    FROM otel_traces AS t
+    INNER JOIN (SELECT TraceId, ParentSpanId, toUnixTimestamp64Nano(Timestamp) AS start_ns,
+                    toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) AS end_ns
+                FROM otel_traces WHERE RunId = {{run:String}} AND SpanName = {_ATTEMPT}) AS a
+        ON a.TraceId = t.TraceId AND a.ParentSpanId = t.SpanId
+    WHERE t.RunId = {{run:String}} AND t.Step IN (SELECT step FROM overlapping)
+        AND t.SpanAttributes['{sc.GEN_AI_OPERATION_NAME}'] IN ({_LLM_OPS})
+    GROUP BY t.TraceId, t.SpanId, t.Uid, t.TrajUid),
+trajectory_pauses AS (
+    SELECT trace_id, uid, traj_uid, arrayFlatten(groupArray(pauses)) AS pauses FROM turn_pauses
+    GROUP BY trace_id, uid, traj_uid)
 SELECT {_union_ns(_clipped("groupArray(x)", "{lo:Int64}", "{hi:Int64}"))} AS running_ns
 FROM (SELECT arrayJoin(arrayFilter(x -> x.2 > x.1, arrayZip(arrayConcat([s], arrayMap(x -> x.2, merged)),
                                                             arrayConcat(arrayMap(x -> x.1, merged), [e])))) AS x
-      FROM (SELECT s, e, {_merged(_clipped(_PAUSES, "s", "e"))} AS merged FROM trajectory_nodes))
+      FROM (SELECT o.s AS s, o.e AS e, {_merged(_clipped("p.pauses", "o.s", "o.e"))} AS merged
+            FROM overlapping AS o
+            LEFT JOIN trajectory_pauses AS p ON p.trace_id = o.trace_id AND p.uid = o.uid AND p.traj_uid = o.traj_uid))
 """
 # per step span: the trainer's waits (the waiting stages, and the gap from the step's start
 # to its first other stage), their union within the span

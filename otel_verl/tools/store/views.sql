@@ -117,3 +117,65 @@ SELECT RunId AS run_id, Step AS step, Uid AS uid, SpanAttributes['verl.stage'] A
     JSONExtract(SpanAttributes['verl.traj_uids'], 'Array(String)') AS traj_uids, Timestamp AS start,
     Duration / 1e9 AS duration_s, TraceId AS trace_id, SpanId AS span_id
 FROM otel_traces WHERE startsWith(SpanName, 'verl.sample_stage ') AND Step >= 0;
+
+-- engine requests: what one LLM server replica served (report/tail.py's rule, by parent
+-- links instead of a walk down the tree). A unit is an LLM turn or a verl.llm.attempt under
+-- one (verl's client resumed the turn); a request is a verl.llm_server.generate span under
+-- a unit, else a unit without one that names its server (a turn with attempts is none: its
+-- attempts are). replica: the unit's verl.llm.server_id (an attempt's, else its turn's),
+-- else the server span's process; requests of no known replica are left out. uid, traj_uid
+-- and step are the turn's (worker.py puts its trajectory's there): with trace_id they name
+-- the trajectory. span_id: the server span, else the unit. `step` is toNullable(Step), not
+-- if(...), so that a filter on it reaches the sort key
+CREATE OR REPLACE VIEW engine_requests AS
+WITH turns AS (
+    SELECT RunId AS run_id, TraceId AS trace_id, SpanId AS turn_span_id, Uid AS uid, TrajUid AS traj_uid,
+        toNullable(Step) AS step, toString(Replica) AS named, Timestamp AS ts, Duration AS dur
+    FROM otel_traces WHERE SpanAttributes['gen_ai.operation.name'] IN ('chat', 'text_completion') AND Step >= 0
+    UNION ALL
+    SELECT RunId, TraceId, SpanId, Uid, TrajUid, CAST(NULL, 'Nullable(Int64)'), toString(Replica), Timestamp, Duration
+    FROM otel_traces WHERE SpanAttributes['gen_ai.operation.name'] IN ('chat', 'text_completion') AND Step < 0),
+attempts AS (
+    SELECT RunId AS run_id, TraceId AS trace_id, ParentSpanId AS turn_span_id, SpanId AS span_id,
+        toString(Replica) AS named, Timestamp AS ts, Duration AS dur
+    FROM otel_traces WHERE SpanName = 'verl.llm.attempt'),
+units AS (
+    SELECT run_id, trace_id, turn_span_id, turn_span_id AS unit_span_id, uid, traj_uid, step, named, ts, dur,
+        (run_id, trace_id, turn_span_id) NOT IN (SELECT run_id, trace_id, turn_span_id FROM attempts) AS alone
+    FROM turns
+    UNION ALL
+    SELECT t.run_id, t.trace_id, t.turn_span_id, a.span_id, t.uid, t.traj_uid, t.step,
+        if(a.named != '', a.named, t.named), a.ts, a.dur, true
+    FROM attempts AS a
+    INNER JOIN turns AS t ON t.run_id = a.run_id AND t.trace_id = a.trace_id AND t.turn_span_id = a.turn_span_id),
+servers AS (
+    SELECT RunId AS run_id, TraceId AS trace_id, ParentSpanId AS unit_span_id, SpanId AS span_id, Timestamp AS ts,
+        Duration AS dur, if(ResourceAttributes['ray.actor_id'] != '', ResourceAttributes['ray.actor_id'],
+                            ResourceAttributes['service.instance.id']) AS process
+    FROM otel_traces WHERE SpanName = 'verl.llm_server.generate')
+SELECT u.run_id AS run_id, u.trace_id AS trace_id, u.turn_span_id AS turn_span_id, u.unit_span_id AS unit_span_id,
+    if(s.span_id != '', s.span_id, u.unit_span_id) AS span_id, u.uid AS uid, u.traj_uid AS traj_uid, u.step AS step,
+    if(u.named != '', u.named, s.process) AS replica, if(s.span_id != '', s.ts, u.ts) AS start,
+    toUnixTimestamp64Nano(start) AS start_ns, start_ns + toInt64(if(s.span_id != '', s.dur, u.dur)) AS end_ns,
+    (end_ns - start_ns) / 1e9 AS duration_s
+FROM units AS u
+LEFT JOIN servers AS s ON s.run_id = u.run_id AND s.trace_id = u.trace_id AND s.unit_span_id = u.unit_span_id
+WHERE replica != '' AND (s.span_id != '' OR u.alone);
+
+-- training trajectories with the step that trained them (report/tail.py's rule): the
+-- earliest sample_stage listing the trajectory, else its sample's earliest stage, else its
+-- root's trained_step; NULL when none says (a sync run's step is then the generation step,
+-- `step`; an async run's trajectory gated no step)
+CREATE OR REPLACE VIEW trained_trajectories AS
+SELECT t.run_id AS run_id, t.step AS step, coalesce(by_traj.step, by_uid.step, by_root.step) AS trained_step,
+    t.uid AS uid, t.traj_uid AS traj_uid, t.start AS start, t.end AS end, t.start_ns AS start_ns, t.end_ns AS end_ns,
+    t.duration_s AS duration_s, t.trace_id AS trace_id, t.span_id AS span_id
+FROM trajectories AS t
+LEFT JOIN (SELECT run_id, uid, traj_uid, toNullable(min(step)) AS step FROM sample_stages ARRAY JOIN traj_uids AS traj_uid
+           WHERE uid != '' GROUP BY run_id, uid, traj_uid) AS by_traj
+    ON by_traj.run_id = t.run_id AND by_traj.uid = t.uid AND by_traj.traj_uid = t.traj_uid
+LEFT JOIN (SELECT run_id, uid, toNullable(min(step)) AS step FROM sample_stages WHERE uid != '' GROUP BY run_id, uid) AS by_uid
+    ON by_uid.run_id = t.run_id AND by_uid.uid = t.uid
+LEFT JOIN (SELECT run_id, uid, any(trained_step) AS step FROM samples WHERE uid != '' AND trained_step IS NOT NULL
+           GROUP BY run_id, uid) AS by_root ON by_root.run_id = t.run_id AND by_root.uid = t.uid
+WHERE NOT t.validate;
