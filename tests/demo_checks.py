@@ -67,29 +67,35 @@ def descendants(spans, root):
 
 
 def assert_the_store_reports_the_same(trace_dir: str, report: Dict[str, Any], store_dir: str) -> None:
-    """The SQL report's sections on the run's spans, loaded into a store in ``store_dir``
-    (not the shared trace dir), equal ``report``'s (the in-memory report's JSON)."""
+    """The in-memory report of the run's spans equals ``report`` (the CLI's JSON, which the
+    embedded store beside the run built, or the in-memory one) and the SQL report of the
+    same spans loaded into a store in ``store_dir`` (not the shared trace dir)."""
     import pytest
 
     pytest.importorskip("clickhouse_connect")
+    from otel_verl.tools.report import build
     from otel_verl.tools.report.inputs import resolve
     from otel_verl.tools.store import Store, report as store_report
 
-    inputs = resolve([trace_dir])
     samples = report["samples"]
     listed = len(samples["unfinished"]) if len(samples["unfinished"]) < samples["unfinished_count"] else None
+    top = len(report["slowest_trajectories"])  # as many as the report lists
+    trace_dir = str(trace_dir)  # as the CLI has it
+    memory = build([trace_dir], top=top, unfinished_limit=listed)
+    inputs = resolve([trace_dir])
     store = Store.embedded(store_dir)
     try:
         load = store.load(inputs.otlp_files)
-        sql = store_report.build(store, inputs=inputs, load=load, timeline=True, unfinished_limit=listed,
-                                 top=len(report["slowest_trajectories"]))  # as many as the report lists
+        sql = store_report.build(store, inputs=inputs, load=load, timeline=True, unfinished_limit=listed, top=top)
     finally:
         store.close()
-    for key in ("stage_order", "trajectories", "shape", "runs", "trainer"):
-        assert sql[key] == report[key], key
-    for key in ("steps", "stage_overlap", "rollout_latency", "slowest_trajectories", "tail", "losses", "timeline"):
-        _assert_close(sql[key], report[key], key)
-    assert sql["samples"] == report["samples"]
+    for got in (sql, report):
+        for key in ("stage_order", "trajectories", "shape", "runs", "trainer", "samples"):
+            assert got[key] == memory[key], key
+        for key in ("steps", "stage_overlap", "rollout_latency", "slowest_trajectories", "tail", "losses"):
+            _assert_close(got[key], memory[key], key)
+    _assert_close(sql["timeline"], memory["timeline"], "timeline")
+    _assert_close(report["inputs"], memory["inputs"], "inputs")
 
 
 def _assert_close(got: Any, want: Any, where: str) -> None:

@@ -325,10 +325,14 @@ def test_separation_trainer_run_in_perfetto(separation, tmp_path):
 
 
 def test_separation_trainer_report_on_the_store(separation, tmp_path):
-    from otel_verl.tools.report import build
+    from click.testing import CliRunner
+
+    from otel_verl.tools.cli import main
 
     trace_dir, _, _ = separation
-    demo_checks.assert_the_store_reports_the_same(trace_dir, build([trace_dir]), str(tmp_path / "store"))
+    result = CliRunner().invoke(main, ["report", str(trace_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    demo_checks.assert_the_store_reports_the_same(trace_dir, json.loads(result.stdout), str(tmp_path / "store"))
 
 
 def test_separation_trainer_traces_each_uid_through_the_workers(separation):

@@ -373,6 +373,19 @@ def test_a_rebuilt_store_counts_its_rejected_lines_once(tmp_path, store_of):
     assert rejected_lines(store, 20)[0] == 3
 
 
+def test_a_trace_dir_copied_without_its_links_reports(tmp_path):
+    import shutil
+
+    trace_dir = straggler_run().write(str(tmp_path / "run"))
+    steps = otel_verl("query", trace_dir, "--format", "csv", "SELECT count() AS n FROM steps")  # its store, beside it
+    assert steps.returncode == 0, steps.stderr
+    copy = str(tmp_path / "copy")
+    shutil.copytree(trace_dir, copy)  # follows the store's links: its engine no longer opens it as it is
+    proc = otel_verl("query", copy, "--format", "csv", "SELECT count() AS n FROM steps")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == steps.stdout
+
+
 MERGE = """
 import sys
 from otel_verl.tools.store.store import open_store

@@ -266,28 +266,51 @@ def _line(**span: Any) -> str:
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
 
 
-@pytest.mark.parametrize("content, needle, replay_checks", [
+# what the in-memory reader says of the line; whether the span store, which `report` reads by
+# default, loads the file's other spans and names the line in a warning (True), or loads
+# no span of it, so the in-memory reader answers with its one-line error
+@pytest.mark.parametrize("content, needle, replay_checks, store_warns", [
     (_line(name="a", traceId="1" * 32, spanId="2" * 16) + "\n" + '{"resourceSpans": [{"scopeSpans": \n'
-     + _line(name="b", traceId="1" * 32, spanId="3" * 16) + "\n", "spans.jsonl:2: not an OTLP-JSON line", True),
-    ('{"resourceSpans": [5]}\n', "spans.jsonl:1: malformed OTLP-JSON", True),
-    # replay sends a span's fields as they are: the receiver judges them
-    (_line(name=5, traceId="1" * 32, spanId="2" * 16) + "\n", "spans.jsonl:1: malformed OTLP-JSON", False),
+     + _line(name="b", traceId="1" * 32, spanId="3" * 16) + "\n", "spans.jsonl:2: not an OTLP-JSON line", True,
+     "spans.jsonl:2: not JSON"),
+    ('{"resourceSpans": [5]}\n', "spans.jsonl:1: malformed OTLP-JSON", True, None),
+    # replay sends a span's fields as they are: the receiver judges them; the store, as the
+    # Collector's exporter, keeps a name that is a number as its text
+    (_line(name=5, traceId="1" * 32, spanId="2" * 16) + "\n", "spans.jsonl:1: malformed OTLP-JSON", False, ""),
     (_line(name="a", traceId="1" * 32, spanId="2" * 16, attributes={"key": "not a list"}) + "\n",
-     "spans.jsonl:1: malformed OTLP-JSON", False),
+     "spans.jsonl:1: malformed OTLP-JSON", False, None),
 ], ids=["cut-mid-file", "resource-spans-not-objects", "name-not-text", "attributes-not-a-list"])
-def test_malformed_lines_are_one_line_errors_naming_file_and_line(tmp_path, content, needle, replay_checks):
+def test_malformed_lines_name_file_and_line(tmp_path, content, needle, replay_checks, store_warns):
+    from otel_verl.tools.report import InputError, build
+
     path = tmp_path / "spans.jsonl"
     path.write_text(content)
-    for extra in ((), ("--json",)) + ((("--perfetto", str(tmp_path / "out.pftrace")),) if PERFETTO_LOADS else ()):
-        one_line_error(otel_verl("report", str(path), *extra), needle)
+    with pytest.raises(InputError, match=re.escape(needle)):
+        build([str(path)])
+    for extra in ((), ("--json",)):
+        proc = otel_verl("report", str(path), *extra)
+        if store_warns is None:
+            one_line_error(proc, needle)
+            continue
+        assert proc.returncode == 0, proc.stderr
+        assert_no_traceback(proc)
+        warnings = stderr_lines(proc, "warning: ")
+        assert [w for w in warnings if store_warns and store_warns in w] or not (store_warns or warnings), proc.stderr
+    if PERFETTO_LOADS:  # the whole run's trace reads the files in memory
+        one_line_error(otel_verl("report", str(path), "--perfetto", str(tmp_path / "out.pftrace")), needle)
     if replay_checks:
         one_line_error(otel_verl("replay", str(path), "--endpoint", "http://127.0.0.1:1"), needle)
 
 
 def test_a_line_cut_mid_file_says_so(tmp_path):
+    from otel_verl.tools.report import InputError, build
+
     path = tmp_path / "spans.jsonl"
     path.write_text('{"resourceSpans": [{"scopeSpans": \n' + _line(name="b", traceId="1" * 32, spanId="3" * 16) + "\n")
-    one_line_error(otel_verl("report", str(path)), "spans.jsonl:1:", "cut short")
+    with pytest.raises(InputError, match=r"spans.jsonl:1: .*cut short"):
+        build([str(path)])
+    proc = otel_verl("report", str(path))  # the store loads the rest and names the line
+    assert proc.returncode == 0 and "spans.jsonl:1: not JSON" in proc.stderr, proc.stderr
 
 
 def test_an_unreadable_file_is_a_one_line_error_naming_it(tmp_path):

@@ -576,9 +576,10 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     the slowest trajectories split into LLM / tools / reward, the tail of each step
     (critical path, replicas, waiting, staleness), samples that never finished, losses.
     PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the Collector
-    file exporter's); with --compare two runs, A and B. With --steps, --clickhouse or --run
-    it reads the span store instead (docs/STORE.md): every section, --compare, --png, and
-    --perfetto of the selected steps."""
+    file exporter's); with --compare two runs, A and B. It reads them through the span store
+    beside them (docs/STORE.md; without the report extra, into memory); --steps, --clickhouse
+    and --run select from a store: every section, --compare, --png, and --perfetto of the
+    selected steps."""
     import json
 
     from otel_verl.tools.report import build
@@ -609,6 +610,8 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
             raise click.ClickException(f"--perfetto: {exc}") from None
     if from_store:
         _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png, perfetto_path, top)
+        return
+    if not compare and not perfetto_path and _report_embedded(paths, as_json, png, top):
         return
     if compare:
         _report_comparison(paths, as_json, png)
@@ -696,6 +699,53 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         click.echo(f"timeline: {_shown(png)}")
     for line in lines:
         click.echo(_shown(line))
+
+
+def _report_embedded(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> bool:
+    """``otel-verl report PATHS`` from the embedded store beside them (loading what they
+    gained since the last report), printed as the in-memory report prints; False, nothing
+    printed, where the in-memory reader answers instead: without the ``report`` extra, a
+    store that cannot be made there, or no span in the files (the in-memory report says
+    why: a collector got them, or they are still being written)."""
+    import json
+
+    from otel_verl.tools.report import InputError
+    from otel_verl.tools.store import report as store_report
+    from otel_verl.tools.store.store import StoreUnavailable, available, open_store
+
+    if not available():
+        return False
+    try:
+        store, load, inputs = open_store(paths, None)
+    except StoreUnavailable:
+        return False
+    except InputError as exc:
+        raise click.ClickException(str(exc)) from None
+    with store:
+        if not store.query("SELECT count() FROM otel_traces")[1][0][0]:
+            return False
+        try:
+            run = store_report.pick_run(store, None)
+            data = {"inputs": store_report.inputs_section(store, list(paths), inputs, load, run),
+                    **store_report.build(store, run_id=run, top=top, inputs=inputs, load=load, timeline=bool(png),
+                                         unfinished_limit=None if as_json else 20)}
+        except InputError as exc:
+            raise click.ClickException(str(exc)) from None
+        _warn_rejected(store)
+    _warn_inputs(data["inputs"])
+    if png:
+        from otel_verl.tools.report.timeline import draw
+
+        data["png"] = _draw_png(png, lambda: draw(data, png))
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return True
+    from otel_verl.tools.report.text import render
+
+    _print_rich(lambda console: render(data, console))
+    if png:
+        click.echo(f"timeline: {_shown(png)}")
+    return True
 
 
 def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
@@ -827,7 +877,7 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
     and what the report says of its inputs, with a warning on stderr for each file and line
     of the inputs it could not read."""
     from otel_verl.tools.report import InputError
-    from otel_verl.tools.store.store import open_store, rejected_lines
+    from otel_verl.tools.store.store import open_store
 
     if not paths and not clickhouse:
         raise click.ClickException("give a trace dir (or OTLP-JSON files) or --clickhouse URL")
@@ -844,12 +894,19 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
         described["repaired_files"] = [{"path": path, "characters": n} for path, n in load.repaired.items()]
     _warn_inputs(described)
     if load is not None:
-        total, rejected = rejected_lines(store, SHOWN_REJECTED_LINES)
-        for path, line, why in rejected:
-            click.echo(f"warning: {_shown(path)}:{line}: {why}: skipped", err=True)
-        if total > len(rejected):
-            click.echo(f"warning: {total - len(rejected)} more line(s) that are no OTLP span data: skipped", err=True)
+        _warn_rejected(store)
     return store, described, load, inputs
+
+
+def _warn_rejected(store: Any) -> None:
+    """One line on stderr for each line of the inputs the store could not read as spans."""
+    from otel_verl.tools.store.store import rejected_lines
+
+    total, rejected = rejected_lines(store, SHOWN_REJECTED_LINES)
+    for path, line, why in rejected:
+        click.echo(f"warning: {_shown(path)}:{line}: {why}: skipped", err=True)
+    if total > len(rejected):
+        click.echo(f"warning: {total - len(rejected)} more line(s) that are no OTLP span data: skipped", err=True)
 
 
 SHOWN_REJECTED_LINES = 20

@@ -15,6 +15,7 @@ the engine's JSON parser would drop the whole string.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -23,6 +24,13 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 from otel_verl.tools.report.inputs import SURROGATE_MARKS, InputError, parse_line
 
 FILES_TABLE = "otel_verl_files"  # what was loaded from each file, and where it stopped
+
+
+def path_key(path: str) -> str:
+    """A file's name as the store's tables keep it: a name that is not UTF-8 (Python's
+    surrogateescape) with its undecodable bytes written as ``\\udcXX``, which a String
+    column takes."""
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
 LINES_TABLE = "otel_verl_lines"  # the lines of one load, until they are spans
 CHUNK_BYTES = 64 * 1024 * 1024  # the lines handed to the engine at once
 
@@ -174,19 +182,21 @@ def load(client: Any, files: Sequence[str], reset: Callable[[], None]) -> Load:
         client.command(statement)
     states = _states(client)
     result = Load(files=len(files))
-    if any(path in states and _replaced(path, states[path]) for path in files):
+    if any(path_key(path) in states and _replaced(path, states[path_key(path)]) for path in files):
         reset()
         for statement in BOOKKEEPING:
             client.command(statement)
         states, result.reloaded = {}, True
     loader = _Loader(client, result)
     for path in files:
-        loader.read(states.get(path) or _FileState(path))
+        state = states.get(path_key(path))
+        loader.read(dataclasses.replace(state, path=path) if state else _FileState(path))
     loader.flush()
     return result
 
 
 def _states(client: Any) -> Dict[str, _FileState]:
+    """Where each file's load stopped, by :func:`path_key`."""
     rows = client.query(f"SELECT Path, Device, Inode, Offset, Lines, Repaired FROM {FILES_TABLE} FINAL").result_rows
     return {row[0]: _FileState(*row) for row in rows}
 
@@ -293,13 +303,14 @@ class _Loader:
             client.insert(DROPPED_TABLE, [dropped], column_names=["Attributes", "Events", "Links"])
         client.command(f"TRUNCATE TABLE {LINES_TABLE}")
         if self.rejected:
-            client.insert(REJECTED_TABLE, [list(r) for r in self.rejected], column_names=["Path", "Line", "Why"])
+            client.insert(REJECTED_TABLE, [[path_key(path), line, why] for path, line, why in self.rejected],
+                          column_names=["Path", "Line", "Why"])
         self.result.spans += spans
         self.result.lines += len(self.origin) - len(empty)
         self.result.rejected += len(self.rejected)
         if self.states:
             version = client.query(f"SELECT max(Version) + 1 FROM {FILES_TABLE}").result_rows[0][0]
-            client.insert(FILES_TABLE, [[s.path, s.device, s.inode, s.offset, s.lines, s.repaired, version]
+            client.insert(FILES_TABLE, [[path_key(s.path), s.device, s.inode, s.offset, s.lines, s.repaired, version]
                                         for s in self.states],
                           column_names=["Path", "Device", "Inode", "Offset", "Lines", "Repaired", "Version"])
         self.origin, self.rejected, self.staged = [], [], 0

@@ -19,7 +19,7 @@ from otel_verl import semconv as sc
 from otel_verl.tools.report.inputs import InputError, Inputs
 from otel_verl.tools.store import losses, samples, slowest, tail
 from otel_verl.tools.store import timeline as bars
-from otel_verl.tools.store.load import Load
+from otel_verl.tools.store.load import FILES_TABLE, Load, path_key
 from otel_verl.tools.store.store import Store
 
 SECTIONS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "slowest_trajectories", "tail", "samples",
@@ -179,6 +179,43 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
     if timeline:
         report["timeline"] = bars.build(store, run, steps)
     return report
+
+
+def inputs_section(store: Store, paths: List[str], inputs: Optional[Inputs], load: Optional[Load],
+                   run: Optional[str]) -> Dict[str, Any]:
+    """What the report read, with the in-memory report's keys: the files beside an embedded
+    store (``inputs``, this ``load``) and the store's own count of their lines, spans and
+    traces."""
+    loaded: List[Dict[str, Any]] = []
+    if inputs is not None:
+        loaded = store.rows(f"SELECT Path AS path, Lines AS lines, Repaired AS repaired FROM {FILES_TABLE} FINAL "
+                            "WHERE Path IN {paths:Array(String)}", {"paths": [path_key(p) for p in inputs.otlp_files]})
+    # an embedded store holds the files' spans, as the in-memory report counts them (a
+    # process without a run id included); a server's, many runs: the run's
+    where = "1" if inputs is not None else "RunId = {run:String}"
+    counted = store.rows(f"SELECT count() AS spans, uniqExact(TraceId) AS traces FROM otel_traces WHERE {where}",
+                         {"run": run or ""})[0]
+    pending = load.pending if load else []
+    name = {path_key(path): path for path in (inputs.otlp_files if inputs else [])}  # the file's own name
+    repaired = [{"path": name[r["path"]], "characters": r["repaired"]} for r in sorted(loaded, key=lambda r: r["path"])
+                if r["repaired"]]
+    return {
+        "paths": list(paths),
+        "otlp_files": inputs.otlp_files if inputs else [],
+        "lines": sum(r["lines"] for r in loaded),
+        "spans": counted["spans"],
+        "traces": counted["traces"],
+        "truncated": len(pending),
+        "truncated_files": [{"path": path, "bytes": size} for path, size in pending],
+        "repaired": sum(r["characters"] for r in repaired),
+        "repaired_files": repaired,
+        "skipped_files": [{"path": path, "what": what} for path, what in inputs.skipped] if inputs else [],
+        "legacy_files": {
+            "sample_csv": len(inputs.sample_csv) if inputs else 0,
+            "progress": len(inputs.progress_logs) if inputs else 0,
+            "trajectory_jsonl": len(inputs.trajectory_jsonl) if inputs else 0,
+        },
+    }
 
 
 def parse_steps(text: str) -> Tuple[int, int]:

@@ -33,6 +33,13 @@ def _clickhouse_connect() -> Any:
     return clickhouse_connect
 
 
+def available() -> bool:
+    """Whether the embedded store can run here (the ``report`` extra is installed)."""
+    from importlib.util import find_spec
+
+    return find_spec("clickhouse_connect") is not None and find_spec("chdb") is not None
+
+
 def sql_file(name: str) -> str:
     return resources.files("otel_verl.tools.store").joinpath(name).read_text(encoding="utf-8")
 
@@ -61,7 +68,21 @@ class Store:
 
     @classmethod
     def embedded(cls, path: str) -> "Store":
-        """The chDB store in ``path`` (created when missing), with the schema and views."""
+        """The chDB store in ``path`` (created when missing), with the schema and views. A
+        store that no longer opens (copied without its links, say: the engine's metadata
+        links into its data) is rebuilt: it holds nothing the run's files do not."""
+        try:
+            return cls._embedded(path)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            if not os.path.isdir(os.path.join(path, "metadata")):  # not a store of ours: left alone
+                raise
+        remove(path)
+        return cls._embedded(path)
+
+    @classmethod
+    def _embedded(cls, path: str) -> "Store":
         clickhouse_connect = _clickhouse_connect()
         try:
             os.makedirs(path, exist_ok=True)
@@ -71,12 +92,16 @@ class Store:
         except OSError as exc:
             raise StoreUnavailable(f"{path}: cannot create the span store ({exc.strerror or exc})") from None
         store = cls(client, path=path)
-        store.create()
-        # merges leave the parts they replaced on disk for old_parts_lifetime (8 minutes,
-        # a server's guard against a crash before the merged part reaches the disk), longer
-        # than a report runs: the store would keep twice its size. A store rebuilt from the
-        # run's files can drop them sooner, at its next open.
-        client.command(f"ALTER TABLE otel_traces MODIFY SETTING {EMBEDDED_CLEANUP}")
+        try:
+            store.create()
+            # merges leave the parts they replaced on disk for old_parts_lifetime (8 minutes,
+            # a server's guard against a crash before the merged part reaches the disk), longer
+            # than a report runs: the store would keep twice its size. A store rebuilt from the
+            # run's files can drop them sooner, at its next open.
+            client.command(f"ALTER TABLE otel_traces MODIFY SETTING {EMBEDDED_CLEANUP}")
+        except BaseException:
+            store.close()
+            raise
         return store
 
     @classmethod
