@@ -6,7 +6,7 @@ import dataclasses
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import click
 
@@ -580,8 +580,6 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
     beside them (docs/STORE.md; without the report extra, into memory); --steps, --clickhouse
     and --run select from a store: every section, --compare, --png, and --perfetto of the
     selected steps."""
-    import json
-
     from otel_verl.tools.report import build
 
     if not paths and not clickhouse:
@@ -618,22 +616,31 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         return
     data = _read_runs(paths, lambda: build(list(paths), top=top, unfinished_limit=None if as_json else 20))
     _warn_inputs(data["inputs"])
+    written = _write_perfetto(paths, perfetto_path) if perfetto_path else None
+    if written is not None:
+        data["perfetto"] = written.as_dict()
+    from otel_verl.tools.report.text import render
+
+    _print_report(data, as_json, png, render, written.lines() if written is not None else [])
+
+
+def _print_report(data: Dict[str, Any], as_json: bool, png: str | None, render: Callable[..., None],
+                  lines: List[str]) -> None:
+    """The report as JSON or text (``render``), its timeline drawn into ``png`` first, then
+    ``lines`` (what else was written)."""
+    import json
+
     if png:
         from otel_verl.tools.report.timeline import draw
 
         data["png"] = _draw_png(png, lambda: draw(data, png))
-    written = _write_perfetto(paths, perfetto_path) if perfetto_path else None
-    if written is not None:
-        data["perfetto"] = written.as_dict()
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
-    from otel_verl.tools.report.text import render
-
     _print_rich(lambda console: render(data, console))
     if png:
         click.echo(f"timeline: {_shown(png)}")
-    for line in written.lines() if written is not None else ():
+    for line in lines:
         click.echo(_shown(line))
 
 
@@ -642,8 +649,6 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
     """The report, or with ``compare`` two runs side by side (two trace dirs, or two run
     ids of the ClickHouse server's store), from the span store; ``perfetto_path``: the
     selected steps' spans as a Perfetto trace too, read from their rows only."""
-    import json
-
     from otel_verl.tools.report import InputError
     from otel_verl.tools.store import report as store_report
 
@@ -685,20 +690,9 @@ def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_rang
         return
     data = build(paths, run_id)
     lines = data.pop("perfetto_lines", [])
-    if png:
-        from otel_verl.tools.report.timeline import draw
-
-        data["png"] = _draw_png(png, lambda: draw(data, png))
-    if as_json:
-        click.echo(json.dumps(data, indent=1))
-        return
     from otel_verl.tools.report.text import render_store_report
 
-    _print_rich(lambda console: render_store_report(data, console))
-    if png:
-        click.echo(f"timeline: {_shown(png)}")
-    for line in lines:
-        click.echo(_shown(line))
+    _print_report(data, as_json, png, render_store_report, lines)
 
 
 def _report_embedded(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> bool:
@@ -707,8 +701,6 @@ def _report_embedded(paths: Tuple[str, ...], as_json: bool, png: str | None, top
     printed, where the in-memory reader answers instead: without the ``report`` extra, a
     store that cannot be made there, or no span in the files (the in-memory report says
     why: a collector got them, or they are still being written)."""
-    import json
-
     from otel_verl.tools.report import InputError
     from otel_verl.tools.store import report as store_report
     from otel_verl.tools.store.store import StoreUnavailable, available, open_store
@@ -724,27 +716,19 @@ def _report_embedded(paths: Tuple[str, ...], as_json: bool, png: str | None, top
     with store:
         if not store.query("SELECT count() FROM otel_traces")[1][0][0]:
             return False
-        try:
+
+        def read() -> Dict[str, Any]:
             run = store_report.pick_run(store, None)
-            data = {"inputs": store_report.inputs_section(store, list(paths), inputs, load, run),
+            return {"inputs": store_report.inputs_section(store, list(paths), inputs, load, run),
                     **store_report.build(store, run_id=run, top=top, inputs=inputs, load=load, timeline=bool(png),
                                          unfinished_limit=None if as_json else 20)}
-        except InputError as exc:
-            raise click.ClickException(str(exc)) from None
+
+        data = _read_runs(paths, read)
         _warn_rejected(store)
     _warn_inputs(data["inputs"])
-    if png:
-        from otel_verl.tools.report.timeline import draw
-
-        data["png"] = _draw_png(png, lambda: draw(data, png))
-    if as_json:
-        click.echo(json.dumps(data, indent=1))
-        return True
     from otel_verl.tools.report.text import render
 
-    _print_rich(lambda console: render(data, console))
-    if png:
-        click.echo(f"timeline: {_shown(png)}")
+    _print_report(data, as_json, png, render, [])
     return True
 
 
