@@ -15,22 +15,14 @@ the engine's JSON parser would drop the whole string.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from otel_verl.tools.report.inputs import SURROGATE_MARKS, InputError, parse_line
 
 FILES_TABLE = "otel_verl_files"  # what was loaded from each file, and where it stopped
-
-
-def path_key(path: str) -> str:
-    """A file's name as the store's tables keep it: a name that is not UTF-8 (Python's
-    surrogateescape) with its undecodable bytes written as ``\\udcXX``, which a String
-    column takes."""
-    return path.encode("utf-8", "backslashreplace").decode("utf-8")
 LINES_TABLE = "otel_verl_lines"  # the lines of one load, until they are spans
 CHUNK_BYTES = 64 * 1024 * 1024  # the lines handed to the engine at once
 
@@ -190,9 +182,16 @@ def load(client: Any, files: Sequence[str], reset: Callable[[], None]) -> Load:
     loader = _Loader(client, result)
     for path in files:
         state = states.get(path_key(path))
-        loader.read(dataclasses.replace(state, path=path) if state else _FileState(path))
+        loader.read(replace(state, path=path) if state else _FileState(path))
     loader.flush()
     return result
+
+
+def path_key(path: str) -> str:
+    """A file's name as the store's tables keep it: a name that is not UTF-8 (Python's
+    surrogateescape) with its undecodable bytes written as ``\\udcXX``, which a String
+    column takes."""
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _states(client: Any) -> Dict[str, _FileState]:

@@ -48,6 +48,7 @@ WHERE (has_root AND outcome NOT IN {{finished:Array(String)}}
     OR seen.uid IN {{csv_open:Array(String)}}
 """
 
+
 def build(store: Store, run: Optional[str], steps: Optional[Tuple[int, int]], *, inputs: Optional[Inputs] = None,
           limit: Optional[int] = 20) -> Dict[str, Any]:
     """The ``samples`` section of ``run`` (of ``steps`` (first, last) when given); ``inputs``:
