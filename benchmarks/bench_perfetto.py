@@ -14,8 +14,10 @@ rollout lasts about a minute: every trajectory starts within the first second, a
 dispatches them, and the turns of a server end spread over the minute, so its requests
 overlap as a loaded engine's do.
 
-Then it times :func:`otel_verl.tools.report.perfetto.write` on that trace dir (reading the
-files, laying out tracks, writing the trace) and prints the time and the file's size.
+Then it times what ``otel-verl report TRACE_DIR --perfetto FILE`` does: the files loaded
+into the span store beside them and the run's spans read back (``read_s``), tracks laid
+out and the trace written (:func:`otel_verl.tools.report.perfetto.write_spans`), and prints
+the time and the file's size.
 For 1024 x 16 single-turn trajectories that is 89,099 spans.
 """
 
@@ -173,7 +175,8 @@ def generate(trace_dir: str, prompts: int, n: int, turns: int, seed: int = 0, st
 
 def run(prompts: int, n: int, turns: int, keep: str | None = None) -> Dict[str, Any]:
     from otel_verl.tools.report import perfetto
-    from otel_verl.tools.report.inputs import Lines, read_spans, resolve
+    from otel_verl.tools.store import spans as store_spans
+    from otel_verl.tools.store.store import open_store
 
     work = tempfile.mkdtemp(prefix="bench-perfetto-")
     try:
@@ -181,7 +184,9 @@ def run(prompts: int, n: int, turns: int, keep: str | None = None) -> Dict[str, 
         generated = generate(trace_dir, prompts, n, turns)
         out = os.path.join(keep or work, "step.pftrace")
         started = time.perf_counter()
-        spans = read_spans(resolve([trace_dir]).otlp_files, Lines())
+        store, _, _ = open_store([trace_dir], None)
+        with store:
+            spans = store_spans.of_run(store, None)
         read_s = time.perf_counter() - started
         written = perfetto.write_spans(spans, out)
         total_s = time.perf_counter() - started
@@ -205,7 +210,8 @@ def main(argv: "list[str] | None" = None) -> int:
         os.makedirs(args.keep, exist_ok=True)
     result = run(prompts, n, turns, args.keep)
     print(f"{prompts} prompts x {n} trajectories, {turns} turn(s): {result['spans']:,} spans")
-    print(f"conversion: {result['total_s']:.1f} s (reading the OTLP-JSON files {result['read_s']:.1f} s, "
+    print(f"conversion: {result['total_s']:.1f} s (loading the OTLP-JSON files and reading the spans back "
+          f"{result['read_s']:.1f} s, "
           f"tracks and trace {result['convert_s']:.1f} s)")
     print(f"file: {result['bytes'] / 1e6:.1f} MB, {result['slices']:,} slices on {result['slice_tracks']:,} tracks "
           f"({result['trajectory_tracks']:,} trajectories), {result['flows']:,} flows, "

@@ -1,7 +1,7 @@
 """The span store against run length: loads, size on disk, queries, memory.
 
     python benchmarks/bench_report_scale.py [--steps 10,50,100] [--prompts 1024] [--n 16]
-                                            [--turns 1] [--inmemory-max-steps 10] [--quick]
+                                            [--turns 1] [--quick]
                                             [--json PATH] [--work DIR]
 
 Grows one generated run (``bench_perfetto``'s step: ``--prompts`` x ``--n`` trajectories,
@@ -15,8 +15,6 @@ of ``--steps`` and, at each size, each measure in a fresh process of its own:
   (``WHERE step = k``), each the first time in the process and the median of 5 more;
   peak RSS of that process;
 - one step's Perfetto trace from the store (``report --steps k-k --perfetto``): time, RSS;
-- the in-memory report (``otel_verl.tools.report.build``) on the same files: time and peak
-  RSS, up to ``--inmemory-max-steps`` (it holds every span in memory);
 - one more step appended and loaded into the same store: only the new step is read.
 
 Peak RSS is each process's ``ru_maxrss`` (chDB runs in the process). The run is written
@@ -152,18 +150,7 @@ def measure_perfetto(trace_dir: str, step: int) -> Dict[str, Any]:
             "bytes": written.bytes, "rss_mb": _peak_rss_mb()}
 
 
-def measure_inmemory(trace_dir: str) -> Dict[str, Any]:
-    """``otel-verl report``'s in-memory build on the run's files."""
-    from otel_verl.tools.report import build
-
-    started = time.perf_counter()
-    report = build([trace_dir])
-    return {"seconds": time.perf_counter() - started, "rss_mb": _peak_rss_mb(), "spans": report["inputs"]["spans"],
-            "steps": len(report["steps"])}
-
-
-MEASURES = {"load": measure_load, "queries": measure_queries, "perfetto": measure_perfetto,
-            "inmemory": measure_inmemory}
+MEASURES = {"load": measure_load, "queries": measure_queries, "perfetto": measure_perfetto}
 
 
 def _in_child(measure: str, *args: Any) -> Dict[str, Any]:
@@ -209,7 +196,7 @@ class Run:
         remove(embedded_path([self.trace_dir]))
 
 
-def measure_size(run: Run, steps: int, inmemory_max_steps: int) -> Dict[str, Any]:
+def measure_size(run: Run, steps: int) -> Dict[str, Any]:
     run.grow(steps)
     row: Dict[str, Any] = {"steps": steps, "spans": run.spans, "json_bytes": run.json_bytes()}
     run.drop_store()
@@ -219,7 +206,6 @@ def measure_size(run: Run, steps: int, inmemory_max_steps: int) -> Dict[str, Any
     row["one_step"] = (steps + 1) // 2
     row["queries"] = _in_child("queries", run.trace_dir, row["one_step"])
     row["perfetto"] = _in_child("perfetto", run.trace_dir, row["one_step"])
-    row["inmemory"] = _in_child("inmemory", run.trace_dir) if steps <= inmemory_max_steps else None
     row["appended_spans"] = run.grow(steps + 1)
     row["second_load"] = _in_child("load", run.trace_dir)
     return row
@@ -245,7 +231,7 @@ def _rate(load: Dict[str, Any]) -> str:
 
 
 def tables(rows: List[Dict[str, Any]]) -> str:
-    """Loads and size; queries and memory against the in-memory report."""
+    """Loads and size; queries and memory."""
     lines = ["| steps | spans | OTLP-JSON | store (its live parts) | store / JSON | first load (peak RSS) "
              "| next step loaded (peak RSS) |", "|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -255,18 +241,16 @@ def tables(rows: List[Dict[str, Any]]) -> str:
                      f"parts) | 1/{1 / row['ratio']:.1f} | {_rate(first)} | "
                      f"{_rate(row['second_load'])} ({row['second_load']['spans']:,} spans) |")
     lines += ["", "| steps | whole run: trajectories | stages | report | one step: trajectories | stages | report "
-              "| peak RSS | one step's Perfetto trace (peak RSS) | in-memory report (peak RSS) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| peak RSS | one step's Perfetto trace (peak RSS) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         q = row["queries"]["queries"]
         cells = [f"{_ms(q[key]['first_s'])} / {_ms(q[key]['median_s'])}"
                  for key in ("run/trajectories", "run/stages", "run/report", "step/trajectories", "step/stages",
                              "step/report")]
-        inmemory = row["inmemory"]
         trace = row["perfetto"]
         lines.append(f"| {row['steps']} | " + " | ".join(cells) + f" | {row['queries']['rss_mb']:,.0f} MB | "
-                     f"{trace['seconds']:.1f} s, of it reading {trace['read_s']:.1f} s ({trace['rss_mb']:,.0f} MB) | "
-                     + (f"{inmemory['seconds']:.1f} s ({inmemory['rss_mb']:,.0f} MB) |" if inmemory else "not run |"))
+                     f"{trace['seconds']:.1f} s, of it reading {trace['read_s']:.1f} s ({trace['rss_mb']:,.0f} MB) |")
     lines.append(f"(queries: the first in a fresh process / the median of {REPEATS} more ({REPORT_REPEATS} for the "
                  "report: otel-verl report --steps); the store opened in "
                  + ", ".join(_ms(row["queries"]["open_s"]) for row in rows) + ")")
@@ -301,8 +285,6 @@ def main(argv: "list[str] | None" = None) -> int:
     parser.add_argument("--prompts", type=int, default=1024)
     parser.add_argument("--n", type=int, default=16, help="trajectories per prompt")
     parser.add_argument("--turns", type=int, default=1, help="LLM turns per trajectory (a tool call between two)")
-    parser.add_argument("--inmemory-max-steps", type=int, default=10,
-                        help="run the in-memory report up to this many steps (it holds every span)")
     parser.add_argument("--quick", action="store_true", help="2 and 4 steps of 16 prompts x 4: checks that it works")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--work", help="write the run under this directory (default: the system's temp dir)")
@@ -313,13 +295,13 @@ def main(argv: "list[str] | None" = None) -> int:
         print(json.dumps(MEASURES[measure](rest[0], *map(int, rest[1:]))))
         return 0
     if args.quick:
-        sizes, prompts, n, turns, inmemory_max = [2, 4], 16, 4, 1, 4
+        sizes, prompts, n, turns = [2, 4], 16, 4, 1
     else:
         try:
             sizes = [int(s) for s in args.steps.split(",")]
         except ValueError:
             parser.error(f"--steps: comma-separated step counts, not {args.steps!r}")
-        prompts, n, turns, inmemory_max = args.prompts, args.n, args.turns, args.inmemory_max_steps
+        prompts, n, turns = args.prompts, args.n, args.turns
     if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
         parser.error(f"--steps: ascending positive step counts, not {args.steps!r}")
     work = tempfile.mkdtemp(prefix="bench-report-scale-", dir=args.work)
@@ -331,12 +313,10 @@ def main(argv: "list[str] | None" = None) -> int:
         print(f"{prompts} prompts x {n} trajectories, {turns} turn(s): {run.spans:,} spans, "
               f"{run.json_bytes() / 1e6:.1f} MB of OTLP-JSON a step", flush=True)
         for steps in sizes:
-            rows.append(measure_size(run, steps, inmemory_max))
+            rows.append(measure_size(run, steps))
             row = rows[-1]
             print(f"{steps} steps: first load {row['first_load']['seconds']:.1f} s, "
-                  f"store 1/{1 / row['ratio']:.1f} of the JSON, queries and the next step measured"
-                  + ("" if row["inmemory"] else f" (in-memory report left out above {inmemory_max} steps)"),
-                  flush=True)
+                  f"store 1/{1 / row['ratio']:.1f} of the JSON, queries and the next step measured", flush=True)
         generate_s = run.generate_s
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -67,13 +67,13 @@ def descendants(spans, root):
 
 
 def assert_the_store_reports_the_same(trace_dir: str, report: Dict[str, Any], store_dir: str) -> None:
-    """The in-memory report of the run's spans equals ``report`` (the CLI's JSON, which the
-    embedded store beside the run built, or the in-memory one) and the SQL report of the
-    same spans loaded into a store in ``store_dir`` (not the shared trace dir)."""
+    """The reference report of the run's spans (tests/reference_report.py, in Python) equals
+    ``report`` (the CLI's JSON, which the embedded store beside the run built) and the SQL
+    report of the same spans loaded into a store in ``store_dir`` (not the shared trace dir)."""
     import pytest
 
     pytest.importorskip("clickhouse_connect")
-    from otel_verl.tools.report import build
+    from reference_report import build
     from otel_verl.tools.report.inputs import resolve
     from otel_verl.tools.store import Store, report as store_report
 

@@ -353,12 +353,12 @@ def test_report_lists_samples_that_never_finished(demo, tmp_path):
     [
         (lambda d: d / "missing", "no such file or directory"),
         (lambda d: (d / "empty").mkdir() or d / "empty", "no OTLP-JSON files"),
-        (lambda d: _write(d / "rows.csv", "a,b,c\n1,2,3\n"), "not an OTLP-JSON line"),
-        (lambda d: _write(d / "config.json", '{"hello": "world"}\n'), "not OTLP trace data"),
-        (lambda d: _write(d / "list.jsonl", "[1, 2, 3]\n"), "not OTLP trace data"),
-        (lambda d: _write(d / "blob.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00garbage\n"), "not an OTLP-JSON line"),
+        (lambda d: _write(d / "rows.csv", "a,b,c\n1,2,3\n"), "rows.csv:1: not JSON"),
+        (lambda d: _write(d / "config.json", '{"hello": "world"}\n'), "config.json:1: JSON but no OTLP spans"),
+        (lambda d: _write(d / "list.jsonl", "[1, 2, 3]\n"), "list.jsonl:1: not OTLP span data"),
+        (lambda d: _write(d / "blob.jsonl", b"\x89PNG\r\n\x1a\n\x00\x00garbage\n"), "blob.jsonl:1: not JSON"),
         (lambda d: _write(d / "nothing.jsonl", ""), "no spans"),
-        (lambda d: _write(d / "zero.jsonl", '{"resourceSpans": []}\n'), "no spans"),
+        (lambda d: _write(d / "zero.jsonl", '{"resourceSpans": []}\n'), "zero.jsonl:1: JSON but no OTLP spans"),
     ],
     ids=["missing", "empty-dir", "csv", "foreign-json", "json-array", "binary", "empty-file", "no-spans"],
 )

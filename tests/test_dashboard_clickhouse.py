@@ -34,7 +34,7 @@ pytest.importorskip("clickhouse_connect")
 from otel_verl.tools.report.inputs import resolve  # noqa: E402
 from otel_verl.tools.store import query as store_query  # noqa: E402
 from otel_verl.tools.store.store import Store  # noqa: E402
-from otel_verl.tools.report import tail as memory_tail  # noqa: E402
+import reference_report as memory_tail  # noqa: E402
 from otel_verl.tools.report.spans import SpanIndex  # noqa: E402
 
 SOURCE_TYPE = "grafana-clickhouse-datasource"

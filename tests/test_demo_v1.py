@@ -122,7 +122,7 @@ def test_verl_s_sglang_server_served_every_engine_request_on_a_named_replica(dem
     (a turn, or each attempt of a turn verl's client resumed) has its server span, in a
     server actor's process (its replica), with the engine's queue / prefill / decode split;
     the report names the replicas and splits each trajectory's LLM time."""
-    from otel_verl.tools.report.analysis import server_split
+    from otel_verl.tools.report.spans import server_split
     from test_cli import report_json
 
     mode, trace_dir, summary, spans = demo

@@ -27,7 +27,7 @@ import pytest
 import fault_workload as w
 from otel_verl import health
 from otel_verl.exporters.loss_file import LossFileProcessor, process_start_ticks
-from otel_verl.tools.report.analysis import build
+from store_checks import report_of
 
 
 def loss_files(trace_dir) -> list:
@@ -85,7 +85,7 @@ def test_a_later_process_with_the_same_pid_keeps_the_earlier_ones_losses(tmp_pat
     files = loss_files(trace)
     assert [(loss["pid"], loss["final"]) for loss in files] == [(1, True), (1, True)]
     assert sorted(loss["dropped"].get("otlp", 0) for loss in files) == [0, spans]
-    assert build([str(trace)])["losses"]["recorded"]["dropped"] == {"otlp": spans}
+    assert report_of([str(trace)])["losses"]["recorded"]["dropped"] == {"otlp": spans}
 
 
 def test_the_report_reads_the_loss_files_of_earlier_versions_too(tmp_path):
@@ -94,7 +94,7 @@ def test_the_report_reads_the_loss_files_of_earlier_versions_too(tmp_path):
     for name, dropped in (("losses-h-pid7.json", 2), ("losses-h-pid7-start123.json", 3)):
         (tmp_path / "losses" / name).write_text(json.dumps({"pid": 7, "host": "h", "final": True,
                                                             "dropped": {"otlp": dropped}, "failures": {}}))
-    assert build([str(tmp_path)])["losses"]["recorded"]["dropped"] == {"otlp": 5}
+    assert report_of([str(tmp_path)])["losses"]["recorded"]["dropped"] == {"otlp": 5}
 
 
 def test_the_file_is_named_after_the_process_and_its_start(tmp_path):
@@ -175,7 +175,7 @@ def test_the_report_says_a_killed_process_that_held_nothing_lost_nothing_it_held
     _loss_file(tmp_path, "losses-h-pid1-start1.json", final=True)
     _loss_file(tmp_path, "losses-h-pid2-start1.json", final=False)
     _loss_file(tmp_path, "losses-h-pid3-start1.json", final=False)
-    losses = build([str(tmp_path)])["losses"]
+    losses = report_of([str(tmp_path)])["losses"]
     assert losses["recorded"] == {"dropped": {}, "failures": {}}
     assert losses["note"] == (
         "dropped none; failures none (the loss files of 3 processes; 2 ended without a shutdown (killed, as Ray "
@@ -188,7 +188,7 @@ def test_the_report_says_what_a_killed_process_still_held(tmp_path):
     _loss_file(tmp_path, "losses-h-pid1-start1.json", final=True, dropped={"otlp": 4})
     _loss_file(tmp_path, "losses-h-pid2-start1.json", final=False, pending={"otlp": 6})
     _loss_file(tmp_path, "losses-h-pid3-start1.json", final=False)
-    losses = build([str(tmp_path)])["losses"]
+    losses = report_of([str(tmp_path)])["losses"]
     assert losses["recorded"] == {"dropped": {"otlp": 4}, "failures": {}, "unsent": {"otlp": 6}}
     assert losses["note"] == (
         "dropped otlp=4; failures none; unsent otlp=6 (the loss files of 3 processes; 2 ended without a shutdown "

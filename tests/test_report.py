@@ -11,7 +11,7 @@ from otel_verl import bootstrap, events, health
 from otel_verl.exporters import metrics as m
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
-from otel_verl.tools.report import build
+from store_checks import report_of
 from otel_verl.tools.report.inputs import read_counters
 from otlp_runs import straggler_run
 
@@ -48,7 +48,7 @@ def test_the_report_sums_each_processes_last_loss_counters(make_pipeline, tmp_pa
     counters, processes = read_counters(files, (m.DROPPED, m.FAILURES))
     assert processes == 2
     assert counters == {m.DROPPED: {("otlp",): 6}, m.FAILURES: {("events.trajectory",): 1}}
-    losses = build([str(trace_dir)])["losses"]
+    losses = report_of([str(trace_dir)])["losses"]
     assert losses["recorded"] == {"dropped": {"otlp": 6}, "failures": {"events.trajectory": 1}}
     assert losses["note"] == "dropped otlp=6; failures events.trajectory=1 (the metric files of 2 processes)"
 
@@ -57,7 +57,7 @@ def test_without_metric_files_the_report_says_none_recorded(make_pipeline, tmp_p
     make_pipeline([SimpleSpanProcessor(OtlpJsonFileExporter(str(tmp_path / "otlp")))])
     with events.trajectory("uid", "0", step=1, agent_name="a"):
         pass
-    losses = build([str(tmp_path)])["losses"]
+    losses = report_of([str(tmp_path)])["losses"]
     assert losses["recorded"] is None and losses["note"].startswith("none recorded: no loss or metric files")
 
 
@@ -73,7 +73,7 @@ def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tm
     running.__enter__()
     try:
         assert pipeline.provider.force_flush()
-        checks = build([str(tmp_path)])["losses"]["consistency"]
+        checks = report_of([str(tmp_path)])["losses"]["consistency"]
     finally:
         running.__exit__(None, None, None)
     assert [(c["legacy"], c["trajectory_spans"], c["verdict"]) for c in checks] == [
@@ -99,7 +99,7 @@ def test_a_trace_dir_whose_spans_went_to_a_collector_says_where_they_are(tmp_pat
     from otel_verl.tools.cli import main
 
     trace_dir = _collector_run_dir(tmp_path)
-    report = build([trace_dir])
+    report = report_of([trace_dir])
     assert report["no_spans"]["reason"] == "collector" and report["runs"] == ["run-7"]
     assert "`otel-verl report --clickhouse URL --run run-7`" in report["no_spans"]["line"]
     # no verdict on spans that are elsewhere: the legacy lines are not "spans lost"
@@ -118,11 +118,11 @@ def test_a_trace_dir_with_metric_files_and_no_span_files_says_they_are_missing(t
     trace_dir = _collector_run_dir(tmp_path)
     (tmp_path / bootstrap.METRICS_FILES_DIR).mkdir()
     (tmp_path / bootstrap.METRICS_FILES_DIR / "metrics.jsonl").write_text('{"resourceMetrics": []}\n', encoding="utf-8")
-    report = build([trace_dir])
+    report = report_of([trace_dir])
     assert report["no_spans"]["reason"] == "span files missing"
     assert "no otlp/ span files" in report["no_spans"]["line"] and report["losses"]["consistency"] == []
     spans = straggler_run().write(str(tmp_path / "with-spans"))
-    assert build([spans])["no_spans"] is None
+    assert report_of([spans])["no_spans"] is None
 
 
 def test_a_trace_dir_whose_spans_went_to_a_collector_still_reports_its_losses(tmp_path):
@@ -133,13 +133,13 @@ def test_a_trace_dir_whose_spans_went_to_a_collector_still_reports_its_losses(tm
 
     health.record_dropped("otlp", 7, "the collector refused")
     LossFileProcessor(str(tmp_path), {"verl.role": "trainer"}).shutdown()
-    report = build([str(tmp_path)])
+    report = report_of([str(tmp_path)])
     assert report["inputs"]["spans"] == 0
     assert report["losses"]["recorded"] == {"dropped": {"otlp": 7}, "failures": {}}
     empty = tmp_path / "empty"
     empty.mkdir()
     try:
-        build([str(empty)])
+        report_of([str(empty)])
     except InputError as exc:
         assert "no OTLP-JSON files" in str(exc)
     else:

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from otel_verl.tools.cli import main
-from otel_verl.tools.report import build
-from otel_verl.tools.report.analysis import percentile
-from otel_verl.tools.report.compare import build_comparison, compare
+from otel_verl.tools.report.compare import compare
+from reference_report import percentile
+from store_checks import report_of
 from test_cli import _merged_s
 
 from otlp_runs import async_run, straggler_run
@@ -36,10 +36,15 @@ def _table(stdout: str, title: str) -> list:
     return [line.split() for line in lines[start + 3:end]]
 
 
+def build_comparison(a: str, b: str):
+    """``otel-verl report --compare A B --json``'s dict, built in this process."""
+    return compare(report_of([a]), report_of([b]))
+
+
 def test_a_run_twice_as_slow_is_2x_everywhere(tmp_path):
     a = _write(straggler_run(run_id="a"), tmp_path)
     b = _write(straggler_run(run_id="b", scale=2.0), tmp_path)
-    result = compare(build([a]), build([b]))
+    result = build_comparison(a, b)
     assert result["differences"] == []
     assert result["summary"] == "the runs have the same shape: RayPPOTrainer, colocated, sync, 2 prompts x n=2, 2 steps"
     assert [(r["step"], r["a_s"], r["b_s"], r["ratio"]) for r in result["steps"]] == [
@@ -132,7 +137,7 @@ def test_compare_bad_input_is_one_line_error(tmp_path):
     a = _write(straggler_run(run_id="a"), tmp_path)
     (tmp_path / "empty").mkdir()
     (tmp_path / "no-spans").mkdir()
-    (tmp_path / "no-spans" / "zero.jsonl").write_text('{"resourceSpans": []}\n')
+    (tmp_path / "no-spans" / "zero.jsonl").write_text("")  # its process died before its first batch
     _one_line_error(_cli("--compare", a, str(tmp_path / "empty")), str(tmp_path / "empty"), "no OTLP-JSON files")
     _one_line_error(_cli("--compare", str(tmp_path / "no-spans"), a, "--json"), "no spans", str(tmp_path / "no-spans"))
     _one_line_error(_cli("--compare", a, str(tmp_path / "missing")), "no such file or directory")
@@ -218,7 +223,7 @@ def test_the_tail_of_a_demo_run(demo_n2):
     """The critical path, its replica, the replicas' load and the waits of a real run,
     recomputed from its spans by name and parent links."""
     spans = _spans(demo_n2)
-    tail = build([demo_n2])["tail"]
+    tail = report_of([demo_n2])["tail"]
     servers = [s for s in spans if s["name"] == "verl.llm_server.generate"]
     assert tail["replicas"] == sorted({s["resource"]["ray.actor_id"] for s in servers})
     for row in tail["steps"]:

@@ -270,8 +270,8 @@ def _decode(annotation: Any, strings: Dict[int, str]) -> Any:
 def convert(tmp_path, run: Run) -> Tuple[perfetto.Written, Trace, List[Dict[str, Any]]]:
     trace_dir = run.write(tmp_path / "run")
     out = str(tmp_path / "run.pftrace")
-    written = perfetto.write([trace_dir], out)
-    return written, Trace(out), spans_from_files(os.path.join(trace_dir, "otlp"))
+    spans = spans_from_files(os.path.join(trace_dir, "otlp"))
+    return perfetto.write_spans(spans, out), Trace(out), spans
 
 
 def key(span: Dict[str, Any]) -> Tuple[str, str]:
@@ -491,7 +491,7 @@ def test_left_out_spans_are_counted_by_reason(tmp_path):
     trace_dir = run.write(tmp_path / "run")
     files = sorted(os.path.join(trace_dir, "otlp", f) for f in os.listdir(os.path.join(trace_dir, "otlp")))
     out = str(tmp_path / "run.pftrace")
-    written = perfetto.write([*files, files[0]], out)  # one file given twice
+    written = perfetto.write_spans(spans_from_files([*files, files[0]]), out)  # one file given twice
     duplicates = len(run.spans[os.path.basename(files[0])[len("spans-"):-len(".jsonl")]])
     assert written.left_out == {"duplicate": duplicates, "no_start_time": 1, "ends_before_start": 1}
     trace = Trace(out)
@@ -566,7 +566,7 @@ def test_a_file_that_cannot_be_written_leaves_nothing_behind(tmp_path):
     trace_dir = run.write(tmp_path / "run")
     (tmp_path / "taken").mkdir()  # the trace goes to a temporary file first; it cannot replace a directory
     with pytest.raises(perfetto.OutputError, match="taken: cannot write the Perfetto trace"):
-        perfetto.write([trace_dir], str(tmp_path / "taken"))
+        perfetto.write_spans(spans_from_files(os.path.join(trace_dir, "otlp")), str(tmp_path / "taken"))
     assert sorted(os.listdir(tmp_path)) == ["run", "taken"] and not os.listdir(tmp_path / "taken")
 
 
@@ -575,9 +575,9 @@ def test_the_file_follows_the_umask_as_the_png_and_json_do(tmp_path):
     trace_dir = run.write(tmp_path / "run")
     before = os.umask(0o022)
     try:
-        perfetto.write([trace_dir], str(tmp_path / "shared.pftrace"))
+        perfetto.write_spans(spans_from_files(os.path.join(trace_dir, "otlp")), str(tmp_path / "shared.pftrace"))
         os.umask(0o027)
-        perfetto.write([trace_dir], str(tmp_path / "group.pftrace"))
+        perfetto.write_spans(spans_from_files(os.path.join(trace_dir, "otlp")), str(tmp_path / "group.pftrace"))
     finally:
         os.umask(before)
     assert stat.S_IMODE(os.stat(tmp_path / "shared.pftrace").st_mode) == 0o644

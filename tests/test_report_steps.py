@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from otel_verl.tools.cli import main
-from otel_verl.tools.report import build, timeline
+from otel_verl.tools.report import timeline
+from store_checks import report_of
 from otel_verl.tools.report.compare import compare
 
 from otlp_runs import Run, async_run, straggler_run
@@ -33,7 +34,7 @@ def _table(stdout: str, title: str) -> list:
 
 
 def test_concurrent_stages_keep_their_own_time_and_the_step_their_union(tmp_path):
-    report = build([overlapping_run().write(str(tmp_path / "run"))])
+    report = report_of([overlapping_run().write(str(tmp_path / "run"))])
     step, _ = report["steps"]
     one, two = report["stage_overlap"]
     assert step["stages"] == {"generation": exact(2.0), "fetch_batch": exact(2.2), "update_actor": exact(0.1)}
@@ -47,7 +48,7 @@ def test_concurrent_stages_keep_their_own_time_and_the_step_their_union(tmp_path
 
 
 def test_a_stage_run_twice_one_after_the_other_is_not_concurrent(tmp_path):
-    report = build([async_run().write(str(tmp_path / "run"))])
+    report = report_of([async_run().write(str(tmp_path / "run"))])
     [step], [overlap] = report["steps"], report["stage_overlap"]
     assert step["stages"]["fetch_batch"] == exact(3.0)  # [1, 3] and [6, 7]
     assert overlap["concurrent_stages"] == [] and overlap["concurrent_s"] == exact(0.0)
@@ -70,7 +71,7 @@ def test_the_table_marks_concurrent_stages_and_reconciles_the_step(tmp_path):
 
 
 def test_the_timeline_draws_concurrent_stages_in_lanes_of_their_own(tmp_path):
-    report = build([overlapping_run().write(str(tmp_path / "run"))])
+    report = report_of([overlapping_run().write(str(tmp_path / "run"))], timeline=True)
     one, two = report["timeline"]
     assert [(b["stage"], b["lane"]) for b in one["stages"]] == [("generation", 0), ("fetch_batch", 1), ("update_actor", 0)]
     assert [b["lane"] for b in two["stages"]] == [0, 0]
@@ -80,7 +81,7 @@ def test_the_timeline_draws_concurrent_stages_in_lanes_of_their_own(tmp_path):
 def test_compare_marks_the_stages_that_ran_at_once(tmp_path):
     a = overlapping_run().write(str(tmp_path / "a"))
     b = overlapping_run().write(str(tmp_path / "b"))
-    result = compare(build([a]), build([b]))
+    result = compare(report_of([a]), report_of([b]))
     assert {r["stage"]: r["concurrent"] for r in result["stages"]} == {
         "generation": True, "fetch_batch": True, "update_actor": False, "other": False}
     text = CliRunner().invoke(main, ["report", "--compare", a, b])

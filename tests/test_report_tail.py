@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from otel_verl.tools.cli import main
-from otel_verl.tools.report import build
+from store_checks import report_of
 
 from otlp_runs import REPLICA_A, REPLICA_B, STRAGGLER, Run, async_run, straggler_run
 
@@ -17,7 +17,7 @@ exact = lambda value: pytest.approx(value, abs=1e-9)  # noqa: E731  (times are w
 
 
 def _report(run: Run, tmp_path) -> dict:
-    return build([run.write(str(tmp_path / run.run_id))])
+    return report_of([run.write(str(tmp_path / run.run_id))])
 
 
 def _row(report: dict, step: int) -> dict:
@@ -170,7 +170,7 @@ def test_the_tail_in_text_and_json(tmp_path):
     assert table("Staleness of the trained samples") == [["1", "2", "2", "0"], ["2", "2", "1", "1"]]
 
     as_json = CliRunner().invoke(main, ["report", path, "--json"])
-    assert json.loads(as_json.stdout)["tail"] == json.loads(json.dumps(build([path])["tail"]))
+    assert json.loads(as_json.stdout)["tail"] == json.loads(json.dumps(report_of([path])["tail"]))
 
 
 def test_a_run_without_server_spans_or_ids_names_no_replica(tmp_path):

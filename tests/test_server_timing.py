@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from otel_verl import semconv as sc, server_timing as st
-from otel_verl.tools.report.analysis import server_split
+from otel_verl.tools.report.spans import server_split
 
 WITH_METRICS_0_5_12 = {
     "e2e_latency": 1.5, "request_received_ts": 100.0, "api_server_dispatch_finish_ts": 100.125,
@@ -72,7 +72,7 @@ def test_report_split_from_older_keys_and_without_metrics():
 
 
 def test_a_trajectory_with_one_call_without_metrics_has_no_split_but_its_e2e():
-    from otel_verl.tools.report.analysis import _Index, trajectory_split
+    from otel_verl.tools.report.spans import SpanIndex, trajectory_split
 
     def span(span_id, parent, name, attrs, start, end):
         return {"traceId": "t", "spanId": span_id, "parentSpanId": parent, "name": name, "attributes": attrs,
@@ -86,14 +86,14 @@ def test_a_trajectory_with_one_call_without_metrics_has_no_split_but_its_e2e():
         span("c2", "traj", "chat", chat, 5, 8),
         span("s2", "c2", sc.SPAN_LLM_SERVER, _server_span(WITHOUT_METRICS)["attributes"], 5, 7),
     ]
-    server = trajectory_split(spans[0], _Index(spans))["llm_server_s"]
+    server = trajectory_split(spans[0], SpanIndex(spans))["llm_server_s"]
     assert server == {"e2e": 3.0, "queue": None, "prefill": None, "decode": None, "client_overhead": 4.0}
 
 
 def test_a_resumed_call_sums_the_split_of_its_attempts_engine_requests():
     """verl's resuming client (the v1 async trainers) makes one ``verl.llm.attempt`` per engine
     request, each with its server span below it: the call's split is theirs, summed."""
-    from otel_verl.tools.report.analysis import _Index, trajectory_split
+    from otel_verl.tools.report.spans import SpanIndex, trajectory_split
 
     def span(span_id, parent, name, attrs, start, end):
         return {"traceId": "t", "spanId": span_id, "parentSpanId": parent, "name": name, "attributes": attrs,
@@ -109,7 +109,7 @@ def test_a_resumed_call_sums_the_split_of_its_attempts_engine_requests():
         span("a2", "c1", sc.SPAN_LLM_ATTEMPT, {}, 2, 6),
         span("s2", "a2", sc.SPAN_LLM_SERVER, _server_span(WITH_METRICS_0_5_12)["attributes"], 3, 4.5),
     ]
-    server = trajectory_split(spans[0], _Index(spans))["llm_server_s"]
+    server = trajectory_split(spans[0], SpanIndex(spans))["llm_server_s"]
     assert server["e2e"] == pytest.approx(2.0) and server["queue"] == pytest.approx(0.125)
     assert server["prefill"] == pytest.approx(0.25 + 0.375) and server["decode"] == pytest.approx(0.25 + 1.0)
     assert server["client_overhead"] == pytest.approx(4.0)

@@ -18,7 +18,7 @@ import pytest
 
 from otel_verl import semconv as sc
 from otel_verl.exporters.otlp_json_file import spans_from_files
-from otel_verl.tools.report import build
+from reference_report import build
 from otel_verl.tools.store import Store, embedded_path
 from otel_verl.tools.store.store import open_store, rejected_lines
 from otlp_runs import TRAINER, Run, async_run, otlp_attributes, straggler_run
@@ -334,12 +334,13 @@ def test_query_without_a_store_is_a_one_line_error(tmp_path):
 
 def test_a_light_install_without_the_store_says_which_extra(tmp_path):
     trace_dir = straggler_run().write(str(tmp_path / "run"))
-    code = ("import sys; sys.modules['clickhouse_connect'] = None; from otel_verl.tools.cli import main; "
-            f"main(['query', {trace_dir!r}, 'SELECT 1'])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        "Error: the span store needs chDB and clickhouse-connect: pip install 'otel-verl[report]'"]
+    for command in (["query", trace_dir, "SELECT 1"], ["report", trace_dir], ["report", "--compare", trace_dir, trace_dir]):
+        code = ("import sys; sys.modules['clickhouse_connect'] = None; from otel_verl.tools.cli import main; "
+                f"main({command!r})")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines() == [
+            "Error: the span store needs chDB and clickhouse-connect: pip install 'otel-verl[report]'"]
 
 
 def test_the_store_of_several_paths_lives_in_the_cache(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The report's ``losses`` and ``timeline`` from the span store (``otel_verl/tools/store/
-losses.py``, ``timeline.py``) equal the in-memory report's on the same trace dir: legacy
+losses.py``, ``timeline.py``) equal the reference report's (tests/reference_report.py) on the same trace dir: legacy
 files that disagree with the spans, SDK span-limit drops, a torn last line, a step range,
 stages that ran at once, a step without its ``verl.step`` span."""
 
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from otel_verl import semconv as sc
-from otel_verl.tools.report import build
+from reference_report import build
 from otel_verl.tools.store import losses, timeline
 from otel_verl.tools.store.report import pick_run
 from store_checks import rounded

@@ -1,14 +1,16 @@
 """The report's sections as SQL on the store (``otel_verl/tools/store/report.py``) equal
-the in-memory report's on the same spans; ``--steps`` selects steps; a store of several
+the reference report's (tests/reference_report.py) on the same spans; ``--steps`` selects steps; a store of several
 runs asks which."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from otel_verl.tools.report import InputError, build
+from otel_verl.tools.report import InputError
+from reference_report import build
 from otel_verl.tools.report.inputs import resolve
 from otel_verl.tools.store import report as store_report
 from store_checks import rounded
@@ -30,7 +32,7 @@ def stores(opened_store):
 
 @pytest.mark.parametrize("make", [straggler_run, lambda: straggler_run(extra_step=True, lineage=False), async_run],
                          ids=["sync", "three-steps", "async"])
-def test_the_sql_sections_equal_the_in_memory_report(tmp_path, stores, make):
+def test_the_sql_sections_equal_the_reference_report(tmp_path, stores, make):
     trace_dir = make().write(str(tmp_path / "run"))
     store = stores(trace_dir)
     same_sections(store_report.build(store, timeline=True, inputs=resolve([trace_dir])), build([trace_dir]))
@@ -79,13 +81,11 @@ def otel_verl(*args):
 
 
 def test_report_steps_prints_those_steps(tmp_path):
-    import json
-
     trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
     text = otel_verl("report", trace_dir, "--steps", "2-3")
     assert text.returncode == 0, text.stderr
-    assert text.stdout.splitlines()[0] == "run sync-run; trainer RayPPOTrainer; sync; 2 prompts x 2 a step; steps 2-3"
-    rows = [line.split()[0] for line in text.stdout.splitlines() if line[:1].isdigit()]
+    assert text.stdout.splitlines()[0].endswith(" line(s); run sync-run; trainer RayPPOTrainer; steps 2-3")
+    rows = [line.split()[0] for line in text.stdout.splitlines()[1:] if line[:1].isdigit()]
     assert rows[:4] == ["2", "3", "2", "3"]  # the steps table, then rollout latency
     assert "u3-2/1        2   1.500" in text.stdout  # the slowest trajectories of those steps
     assert "Critical path per step" in text.stdout and "Legacy files vs spans" in text.stdout
@@ -95,7 +95,7 @@ def test_report_steps_prints_those_steps(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (("--steps", "3-1"), "Invalid value for --steps: expected A <= B"),
-    (("--run", "sync-run", "--perfetto", "x.pftrace"), "--perfetto from the span store draws the steps --steps A-B selects"),
+    (("--compare", "--run", "sync-run"), "--compare takes two runs, A and B (got 1 path(s))"),
     (("--run", "nope"), "no run 'nope' in the store (it holds sync-run)"),
 ])
 def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, args, needle):
@@ -106,7 +106,6 @@ def test_report_from_the_store_refuses_what_it_cannot_do_in_one_line(tmp_path, a
 
 def test_report_steps_png_draws_those_steps(tmp_path):
     pytest.importorskip("matplotlib")
-    import json
 
     trace_dir = straggler_run(extra_step=True).write(str(tmp_path / "run"))
     png = str(tmp_path / "steps.png")
@@ -117,15 +116,16 @@ def test_report_steps_png_draws_those_steps(tmp_path):
     assert [r["step"] for r in data["timeline"]] == [2, 3]
 
 
-def test_compare_from_the_store_equals_the_in_memory_comparison(tmp_path):
-    import json
+def test_compare_from_the_store_equals_the_reference_comparison(tmp_path):
+    from otel_verl.tools.report import compare
 
     a = straggler_run(extra_step=True).write(str(tmp_path / "a"))
     b = straggler_run(scale=2.0, run_id="slow").write(str(tmp_path / "b"))
-    memory = json.loads(otel_verl("report", "--compare", a, b, "--json").stdout)
-    sql = otel_verl("report", "--compare", a, b, "--json", "--steps", "0-99")
-    assert sql.returncode == 0, sql.stderr
-    assert rounded(json.loads(sql.stdout)) == rounded(memory)
+    memory = json.loads(json.dumps(compare.compare(build([a]), build([b]))))
+    for selected in ((), ("--steps", "0-99")):
+        sql = otel_verl("report", "--compare", a, b, "--json", *selected)
+        assert sql.returncode == 0, sql.stderr
+        assert rounded(json.loads(sql.stdout)) == rounded(memory)
     narrow = json.loads(otel_verl("report", "--compare", a, b, "--json", "--steps", "2").stdout)
     assert [r["step"] for r in narrow["steps"]] == [2] and narrow["steps"][0]["ratio"] == pytest.approx(2.0)
 
@@ -144,6 +144,12 @@ def test_two_runs_of_one_store_compare(tmp_path, stores):
     result = compare.compare(*sides)
     assert [(r["step"], r["ratio"]) for r in rounded(result["steps"])] == [(1, 3.0), (2, 3.0)]
     assert (result["a"]["runs"], result["b"]["runs"]) == (["sync-run"], ["slow"])
+    store.close()
+    proc = otel_verl("report", trace_dir, "--compare", "--run", "sync-run", "--run", "slow", "--json")
+    assert proc.returncode == 0, proc.stderr
+    cli = json.loads(proc.stdout)
+    assert [(r["step"], r["ratio"]) for r in rounded(cli["steps"])] == [(1, 3.0), (2, 3.0)]
+    assert (cli["a"]["runs"], cli["b"]["runs"]) == (["sync-run"], ["slow"])
 
 
 # --------------------------------------------------------------------------- --perfetto of some steps
@@ -203,4 +209,4 @@ def test_report_steps_perfetto_writes_those_steps(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"perfetto: {out} (" in proc.stdout and "20 slices of 20 spans" in proc.stdout and out.stat().st_size > 0
     proc = otel_verl("report", trace_dir, "--steps", "9", "--perfetto", str(tmp_path / "none.pftrace"))
-    assert proc.returncode == 1 and "--perfetto: no spans of steps 9 in the store" in proc.stderr
+    assert proc.returncode == 1 and "--perfetto: no spans of step 9 in the store" in proc.stderr

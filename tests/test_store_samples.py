@@ -1,5 +1,5 @@
 """The ``samples`` section from the store (``otel_verl/tools/store/samples.py``) equals the
-in-memory report's: roots by outcome, the sample-flow CSV's uids, the unfinished samples;
+reference report's (tests/reference_report.py): roots by outcome, the sample-flow CSV's uids, the unfinished samples;
 ``--steps`` selects the samples of those steps."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from otel_verl import semconv as sc
-from otel_verl.tools.report import build
+from reference_report import build
 from otel_verl.tools.store import samples
 from otlp_runs import WORKER, async_run, straggler_run
 

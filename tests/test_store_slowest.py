@@ -1,5 +1,5 @@
 """The report's ``slowest_trajectories`` as SQL on the store (``otel_verl/tools/store/slowest.py``)
-equal the in-memory report's on the same spans; ``steps`` ranks the trajectories of those
+equal the reference report's (tests/reference_report.py) on the same spans; ``steps`` ranks the trajectories of those
 steps only."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from otel_verl import semconv as sc
-from otel_verl.tools.report import build
+from reference_report import build
 from otel_verl.tools.store import slowest
 from otel_verl.tools.store.report import pick_run
 from store_checks import rounded

@@ -1,5 +1,5 @@
 """The report's ``tail`` as SQL on the store (``otel_verl/tools/store/tail.py``) equals
-the in-memory one (``otel_verl/tools/report/tail.py``) on the same spans; ``steps`` selects
+the reference one (tests/reference_report.py) on the same spans; ``steps`` selects
 the steps by the step that trained their trajectories."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from otel_verl.tools.report import build
-from otel_verl.tools.report import tail as memory_tail
-from otel_verl.tools.report.inputs import Lines, read_spans, resolve
-from otel_verl.tools.report.spans import SpanIndex, training_trajectories
+from reference_report import build
+import reference_report as memory_tail
+from reference_report import read_spans, training_trajectories
+from otel_verl.tools.report.inputs import Lines, resolve
+from otel_verl.tools.report.spans import SpanIndex
 from otel_verl.tools.store import report as store_report, tail as store_tail
 from store_checks import rounded
 from otlp_runs import REPLICA_A, REPLICA_B, Run, async_run, straggler_run, timing
@@ -32,7 +33,7 @@ def sql_tail(store, steps=None, asynchronous=None):
 
 
 def selected(memory, steps):
-    """The in-memory tail restricted to steps first..last."""
+    """The reference tail restricted to steps first..last."""
     in_steps = [r for r in memory["staleness"]["per_step"] if steps[0] <= r["trained_step"] <= steps[1]]
     return {**memory, "steps": [r for r in memory["steps"] if steps[0] <= r["step"] <= steps[1]],
             "staleness": {"lineage": bool(in_steps), "note": None if in_steps else memory_tail.NO_LINEAGE,

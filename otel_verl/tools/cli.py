@@ -561,35 +561,43 @@ def doctor(trace_dir: str | None, timeout: float, no_hooks: bool, configs: Tuple
 @click.option("--png", type=click.Path(dir_okay=False), help="Draw the timeline (one row per step) into this PNG.")
 @click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Slowest trajectories to list.")
 @click.option("--perfetto", "perfetto_path", type=click.Path(dir_okay=False),
-              help="Also write the run as a Perfetto trace (open it in ui.perfetto.dev) into this file.")
+              help="Also write the run (or the steps --steps selects) as a Perfetto trace (open it in "
+                   "ui.perfetto.dev) into this file.")
 @click.option("--compare", is_flag=True,
-              help="Compare two runs, PATHS = A B: steps, stages and rollout latency side by side with B/A (--png: as a figure).")
-@click.option("--steps", "step_range", metavar="A-B",
-              help="Only steps A to B (or one step A), from the span store.")
+              help="Compare two runs, PATHS = A B (or --run A --run B of one store): steps, stages and rollout "
+                   "latency side by side with B/A (--png: as a figure).")
+@click.option("--steps", "step_range", metavar="A-B", help="Only steps A to B (or one step A).")
 @click.option("--clickhouse", metavar="URL", envvar="OTEL_VERL_CLICKHOUSE",
               help="Report from a ClickHouse server's span store (the Collector's clickhouse exporter fills it) "
                    "[env: OTEL_VERL_CLICKHOUSE].")
-@click.option("--run", "run_id", metavar="ID", help="The run (verl.run_id) of a store that holds several.")
+@click.option("--run", "run_ids", metavar="ID", multiple=True,
+              help="The run (verl.run_id) of a store that holds several; twice with --compare.")
 def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, perfetto_path: str | None,
-           compare: bool, step_range: str | None, clickhouse: str | None, run_id: str | None) -> None:
+           compare: bool, step_range: str | None, clickhouse: str | None, run_ids: Tuple[str, ...]) -> None:
     """Where a run's time went: stage durations per step, rollout latency percentiles,
     the slowest trajectories split into LLM / tools / reward, the tail of each step
     (critical path, replicas, waiting, staleness), samples that never finished, losses.
     PATHS: a trace dir, or OTLP-JSON files / directories (otel_verl's or the Collector
-    file exporter's); with --compare two runs, A and B. It reads them through the span store
-    beside them (docs/STORE.md; without the report extra, into memory); --steps, --clickhouse
-    and --run select from a store: every section, --compare, --png, and --perfetto of the
-    selected steps."""
-    from otel_verl.tools.report import build
+    file exporter's); with --compare two runs, A and B. The report is SQL on the span
+    store (docs/STORE.md): chDB beside the run, loaded with what its files gained since the
+    last report, or a ClickHouse server (--clickhouse)."""
+    from otel_verl.tools.report import InputError
+    from otel_verl.tools.store import report as store_report
 
     if not paths and not clickhouse:
         raise click.UsageError("Missing argument 'PATHS...' (or --clickhouse URL).")
-    if compare and len(paths) != 2:
-        raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): otel-verl report --compare A B")
-    from_store = bool(step_range or clickhouse or run_id)
-    if from_store and perfetto_path and not step_range:
-        raise click.ClickException("--perfetto from the span store draws the steps --steps A-B selects")
-
+    two_runs = len(run_ids) == 2 and len(paths) <= 1  # two runs of one store
+    if compare and not (len(paths) == 2 and len(run_ids) <= 1 or two_runs):
+        raise click.ClickException(f"--compare takes two runs, A and B (got {len(paths)} path(s)): "
+                                   "otel-verl report --compare A B, or --compare --run A --run B of one store")
+    if len(run_ids) > (2 if compare else 1):
+        raise click.ClickException("--run: one run (two with --compare)")
+    if perfetto_path and compare:
+        raise click.ClickException("--perfetto writes one run: give it without --compare")
+    try:
+        steps = store_report.parse_steps(step_range) if step_range else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--steps") from None
     if png:  # before reading the run, which may take a while
         from otel_verl.tools.report.timeline import MatplotlibMissing, require_matplotlib
 
@@ -598,30 +606,52 @@ def report(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int, per
         except MatplotlibMissing as exc:
             raise click.ClickException(f"--png: {exc}") from None
     if perfetto_path:
-        if compare:
-            raise click.ClickException("--perfetto writes one run: give it without --compare")
         from otel_verl.tools.report.perfetto import PerfettoMissing, require_perfetto
 
         try:
             require_perfetto()
         except PerfettoMissing as exc:
             raise click.ClickException(f"--perfetto: {exc}") from None
-    if from_store:
-        _report_from_store(paths, clickhouse, step_range, run_id, as_json, compare, png, perfetto_path, top)
-        return
-    if not compare and not perfetto_path and _report_embedded(paths, as_json, png, top):
-        return
+
+    from otel_verl.tools.report import compare as comparison
+
+    sections = {"sections": comparison.SECTIONS} if compare else {}
+
+    def build(paths_: Tuple[str, ...], run_id: str | None) -> Dict[str, Any]:
+        store, load, inputs = _store(paths_, clickhouse, warn=False)
+        with store:
+            try:
+                data = store_report.read(store, list(paths_) or [settings.redacted(clickhouse or "")], inputs=inputs,
+                                         load=load, run_id=run_id, steps=steps, top=top,
+                                         timeline=bool(png) and not compare,
+                                         unfinished_limit=None if as_json else 20, **sections)
+                if perfetto_path:
+                    run = data["runs"][0] if data["runs"] else None
+                    # a whole embedded store is its files' spans, those of no run included
+                    data["perfetto"] = _write_perfetto(store, run if steps or inputs is None else None, steps,
+                                                       perfetto_path)
+            except click.ClickException:
+                raise
+            except (InputError, OSError) as exc:
+                raise click.ClickException(str(exc)) from None
+            except Exception as exc:  # malformed data past the loader's checks: one line, no traceback
+                raise click.ClickException(
+                    f"cannot report on {', '.join(paths_) or 'the store'}: {type(exc).__name__}: {exc}") from None
+            if load is not None:  # an error without spans names the first such line instead
+                _warn_rejected(store)
+        _warn_inputs(data["inputs"])
+        return data
+
     if compare:
-        _report_comparison(paths, as_json, png)
+        # chDB holds one store a process: A's is closed before B's opens
+        sides = [build(paths, run) for run in run_ids] if two_runs else \
+            [build((path,), run_ids[0] if run_ids else None) for path in paths]
+        _print_comparison(comparison.compare(*sides), as_json, png)
         return
-    data = _read_runs(paths, lambda: build(list(paths), top=top, unfinished_limit=None if as_json else 20))
-    _warn_inputs(data["inputs"])
-    written = _write_perfetto(paths, perfetto_path) if perfetto_path else None
-    if written is not None:
-        data["perfetto"] = written.as_dict()
+    data = build(paths, run_ids[0] if run_ids else None)
     from otel_verl.tools.report.text import render
 
-    _print_report(data, as_json, png, render, written.lines() if written is not None else [])
+    _print_report(data, as_json, png, render, data["perfetto"].pop("lines") if perfetto_path else [])
 
 
 def _print_report(data: Dict[str, Any], as_json: bool, png: str | None, render: Callable[..., None],
@@ -644,104 +674,21 @@ def _print_report(data: Dict[str, Any], as_json: bool, png: str | None, render: 
         click.echo(_shown(line))
 
 
-def _report_from_store(paths: Tuple[str, ...], clickhouse: str | None, step_range: str | None, run_id: str | None,
-                       as_json: bool, compare: bool, png: str | None, perfetto_path: str | None, top: int) -> None:
-    """The report, or with ``compare`` two runs side by side (two trace dirs, or two run
-    ids of the ClickHouse server's store), from the span store; ``perfetto_path``: the
-    selected steps' spans as a Perfetto trace too, read from their rows only."""
-    from otel_verl.tools.report import InputError
-    from otel_verl.tools.store import report as store_report
+def _write_perfetto(store: Any, run: str | None, steps: Tuple[int, int] | None, path: str) -> Dict[str, Any]:
+    """The spans of ``run`` (``None``: all; of ``steps`` when selected), read from their rows
+    only, written to ``path`` as a Perfetto trace: what it holds, and its ``lines``."""
+    from otel_verl.tools.report import InputError, perfetto
+    from otel_verl.tools.store import spans
 
+    selected = spans.of_steps(store, run, steps) if steps else spans.of_run(store, run)
+    if not selected:
+        where = "the run" if not steps else f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}-{steps[1]}"
+        raise InputError(f"--perfetto: no spans of {where} in the store")
     try:
-        steps = store_report.parse_steps(step_range) if step_range else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--steps") from None
-
-    def build(paths_: Tuple[str, ...], run: str | None) -> Dict[str, Any]:
-        store, described, load, inputs = _store(paths_, clickhouse)
-        with store:
-            try:
-                data = {**store_report.build(store, run_id=run, steps=steps, top=top, inputs=inputs, load=load,
-                                             timeline=bool(png) and not compare,
-                                             unfinished_limit=None if as_json else 20), "inputs": described}
-                if perfetto_path and steps:
-                    from otel_verl.tools.report import perfetto
-                    from otel_verl.tools.store import spans
-
-                    selected = spans.of_steps(store, store_report.pick_run(store, run), steps)
-                    if not selected:
-                        raise InputError(f"--perfetto: no spans of steps {step_range} in the store")
-                    try:
-                        written = perfetto.write_spans(selected, perfetto_path)
-                    except perfetto.OutputError as exc:
-                        raise click.ClickException(str(exc)) from None
-                    data["perfetto"] = written.as_dict()
-                    data["perfetto_lines"] = written.lines()
-                return data
-            except InputError as exc:
-                raise click.ClickException(str(exc)) from None
-
-    if compare:
-        from otel_verl.tools.report import compare as comparison
-
-        # chDB holds one store a process: A's is closed before B's opens
-        sides = [build((), run) for run in paths] if clickhouse else [build((path,), run_id) for path in paths]
-        _print_comparison(comparison.compare(*sides), as_json, png)
-        return
-    data = build(paths, run_id)
-    lines = data.pop("perfetto_lines", [])
-    from otel_verl.tools.report.text import render_store_report
-
-    _print_report(data, as_json, png, render_store_report, lines)
-
-
-def _report_embedded(paths: Tuple[str, ...], as_json: bool, png: str | None, top: int) -> bool:
-    """``otel-verl report PATHS`` from the embedded store beside them (loading what they
-    gained since the last report), printed as the in-memory report prints; False, nothing
-    printed, where the in-memory reader answers instead: without the ``report`` extra, a
-    store that cannot be made there, or no span in the files (the in-memory report says
-    why: a collector got them, or they are still being written)."""
-    from otel_verl.tools.report import InputError
-    from otel_verl.tools.store import report as store_report
-    from otel_verl.tools.store.store import StoreUnavailable, available, open_store
-
-    if not available():
-        return False
-    try:
-        store, load, inputs = open_store(paths, None)
-    except StoreUnavailable:
-        return False
-    except InputError as exc:
+        written = perfetto.write_spans(selected, path)
+    except perfetto.OutputError as exc:
         raise click.ClickException(str(exc)) from None
-    with store:
-        if not store.query("SELECT count() FROM otel_traces")[1][0][0]:
-            return False
-
-        def read() -> Dict[str, Any]:
-            run = store_report.pick_run(store, None)
-            return {"inputs": store_report.inputs_section(store, list(paths), inputs, load, run),
-                    **store_report.build(store, run_id=run, top=top, inputs=inputs, load=load, timeline=bool(png),
-                                         unfinished_limit=None if as_json else 20)}
-
-        data = _read_runs(paths, read)
-        _warn_rejected(store)
-    _warn_inputs(data["inputs"])
-    from otel_verl.tools.report.text import render
-
-    _print_report(data, as_json, png, render, [])
-    return True
-
-
-def _read_runs(paths: Tuple[str, ...], read: Callable[[], Any]) -> Any:
-    """``read()``, with what is wrong with the input as a one-line error."""
-    from otel_verl.tools.report import InputError
-
-    try:
-        return read()
-    except (InputError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # malformed data past the format checks: one line, no traceback
-        raise click.ClickException(f"cannot read {', '.join(paths)}: {type(exc).__name__}: {exc}") from None
+    return {**written.as_dict(), "lines": written.lines()}
 
 
 def _warn_inputs(inputs: Dict[str, Any]) -> None:
@@ -783,28 +730,11 @@ def _draw_png(png: str, draw: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
         raise click.ClickException(f"{png}: cannot write the PNG ({exc.strerror or exc})") from None
 
 
-def _write_perfetto(paths: Tuple[str, ...], path: str) -> Any:
-    from otel_verl.tools.report import InputError, perfetto
-
-    try:
-        return perfetto.write(list(paths), path)
-    except (InputError, perfetto.OutputError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _report_comparison(paths: Tuple[str, ...], as_json: bool, png: str | None) -> None:
-    from otel_verl.tools.report import compare
-
-    _print_comparison(_read_runs(paths, lambda: compare.build_comparison(*paths)), as_json, png)
-
-
 def _print_comparison(data: Dict[str, Any], as_json: bool, png: str | None) -> None:
     import json
 
     from otel_verl.tools.report import compare
 
-    for side in ("a", "b"):
-        _warn_inputs(data[side])
     if png:
         data["png"] = _draw_png(png, lambda: compare.draw(data, png))
     if as_json:
@@ -832,10 +762,13 @@ def query(args: Tuple[str, ...], clickhouse: str | None, fmt: str) -> None:
     into a chDB store beside the run (only what they gained since the last load); or
     --clickhouse URL. The SQL may read, not write."""
     from otel_verl.tools.store import query as queries
+    from otel_verl.tools.store.report import inputs_section
 
     *paths, sql = args
-    store, _, _, _ = _store(tuple(paths), clickhouse)
+    store, load, inputs = _store(tuple(paths), clickhouse)
     with store:
+        if inputs is not None:
+            _warn_inputs(inputs_section(store, list(paths), inputs, load, None))
         try:
             names, rows = queries.run(store, sql)
         except Exception as exc:  # the engine's message: the user's SQL is wrong
@@ -856,10 +789,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[str, Any], Any, Any]:
-    """The store to read, its load and inputs (:func:`otel_verl.tools.store.store.open_store`)
-    and what the report says of its inputs, with a warning on stderr for each file and line
-    of the inputs it could not read."""
+def _store(paths: Tuple[str, ...], clickhouse: str | None, warn: bool = True) -> Tuple[Any, Any, Any]:
+    """The store to read, its load and inputs (:func:`otel_verl.tools.store.store.open_store`),
+    with (``warn``) a warning on stderr for each line of the inputs it could not read as spans."""
     from otel_verl.tools.report import InputError
     from otel_verl.tools.store.store import open_store
 
@@ -869,17 +801,9 @@ def _store(paths: Tuple[str, ...], clickhouse: str | None) -> Tuple[Any, Dict[st
         store, load, inputs = open_store(paths, clickhouse)
     except InputError as exc:
         raise click.ClickException(str(exc)) from None
-    described: Dict[str, Any] = {"paths": list(paths) or [settings.redacted(clickhouse or "")], "truncated_files": [],
-                                 "repaired_files": [], "skipped_files": []}
-    if inputs is not None:
-        described["skipped_files"] = [{"path": path, "what": what} for path, what in inputs.skipped]
-    if load is not None:
-        described["truncated_files"] = [{"path": path, "bytes": size} for path, size in load.pending]
-        described["repaired_files"] = [{"path": path, "characters": n} for path, n in load.repaired.items()]
-    _warn_inputs(described)
-    if load is not None:
+    if warn and load is not None:
         _warn_rejected(store)
-    return store, described, load, inputs
+    return store, load, inputs
 
 
 def _warn_rejected(store: Any) -> None:

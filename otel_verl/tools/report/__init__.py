@@ -2,7 +2,10 @@
 
 Input: a trace dir (``{trace_dir}/otlp/*.jsonl`` and the legacy files next to it), or
 OTLP-JSON files / directories written by otel_verl or by the Collector's file exporter
-(same format). :func:`build` returns the report as a JSON-ready dict:
+(same format), loaded into the span store; or a ClickHouse server's store. The report is
+SQL on the store's views (:func:`otel_verl.tools.store.report.read`), a JSON-ready dict;
+this package defines its figures (:mod:`.analysis`, :mod:`.tail`, :mod:`.spans`) and
+renders it (:mod:`.text`, :mod:`.timeline`, :mod:`.compare`, :mod:`.perfetto`):
 
 - ``inputs``: files, lines, spans, traces, ``truncated`` (last lines cut short, skipped),
   ``repaired`` (texts not well-formed UTF-8, read as U+FFFD), ``skipped_files`` (FIFOs,
@@ -19,7 +22,7 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
 - ``losses``: otel_verl's loss and failure counters from a trace dir's metric files
   (``recorded``: ``{"dropped": {output: n}, "failures": {where: n}}``, ``None`` without
   metric files), SDK span-limit drops, and the legacy-files-vs-spans consistency checks;
-- ``timeline``: per step, stage and trajectory bars for :func:`timeline.draw`;
+- ``timeline`` (with ``--png``): per step, stage and trajectory bars for :func:`timeline.draw`;
 - ``tail``: per step the critical-path trajectory and its replica, the busiest and idlest
   replica, the training and rollout sides' waits, and the staleness histogram
   (:mod:`otel_verl.tools.report.tail` defines them);
@@ -29,14 +32,13 @@ OTLP-JSON files / directories written by otel_verl or by the Collector's file ex
   so and where to report on them, and the ``runs`` its loss files name. The sections
   that read spans are then empty, the legacy-files-vs-spans checks left out.
 
-:func:`otel_verl.tools.report.compare.build_comparison` reads two runs and puts them side by side
+:func:`otel_verl.tools.report.compare.compare` puts two runs' reports side by side
 (``otel-verl report --compare A B``).
 
 :func:`otel_verl.tools.report.text.render` prints it as tables; :func:`otel_verl.tools.report.timeline.draw`
 draws the PNG.
 """
 
-from otel_verl.tools.report.analysis import build
 from otel_verl.tools.report.inputs import InputError
 
-__all__ = ["build", "InputError"]
+__all__ = ["InputError"]

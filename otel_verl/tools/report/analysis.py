@@ -1,4 +1,6 @@
-"""The numbers of ``otel-verl report``, computed from spans (and a trace dir's legacy files).
+"""The numbers of ``otel-verl report``: what each figure is, and the parts read from the
+files beside the spans (legacy files, loss and metric files); the span store computes the
+figures from spans in SQL (:mod:`otel_verl.tools.store.report`).
 
 Every figure names the spans it comes from (``docs/SPANS.md``):
 
@@ -31,123 +33,18 @@ Every figure names the spans it comes from (``docs/SPANS.md``):
 from __future__ import annotations
 
 import csv
-import itertools
-import math
 import re
-from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as metric_names
-from otel_verl.tools.report import tail
-from otel_verl.tools.report.inputs import (InputError, Inputs, Lines, parse_line, read_counters, read_loss_files, read_spans,
-                                           resolve)
-from otel_verl.tools.report.spans import (NS, STEP_STAGE_PREFIX, SpanIndex as _Index, duration_s, is_trajectory, merged,
-                                    stage_of as _stage_of, training_trajectories, trajectory_split,
-                                    union_s as _union_s)
-from otel_verl.tools.report.spans import server_split  # noqa: F401  (callers import it from here)
+from otel_verl.tools.report.inputs import Inputs, parse_line, read_counters, read_loss_files
 
 FINISHED_OUTCOMES = (sc.Outcome.TRAINED.value, sc.Outcome.FILTERED.value)
-STAGE_ORDER = [s.value for s in sc.Stage]
 _TASK_LINE = re.compile(r"^Task .+/[^/]+ is completed, ")
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile with linear interpolation between closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 # --------------------------------------------------------------------------- sections
-
-
-def steps_section(spans: List[Dict[str, Any]]) -> Tuple[List[str], List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """``(stage names in order, one row per step, how each step's stages overlap)``."""
-    step_spans: Dict[int, Dict[str, Any]] = {}
-    stages: Dict[int, Dict[str, List[Dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for span in spans:
-        step = span["attributes"].get(sc.GLOBAL_STEP)
-        if not isinstance(step, int):
-            continue
-        if span["name"] == sc.SPAN_STEP:
-            step_spans[step] = span
-        elif span["name"].startswith(STEP_STAGE_PREFIX):
-            stages[step][_stage_of(span)].append(span)
-    seen = {stage for per_step in stages.values() for stage in per_step}
-    order = [s for s in STAGE_ORDER if s in seen] + sorted(seen - set(STAGE_ORDER))
-    rows = []
-    overlap = []
-    for step in sorted(set(step_spans) | set(stages)):
-        span = step_spans.get(step)
-        per_stage = stages.get(step, {})
-        intervals = {stage: [(s["startTimeUnixNano"], s["endTimeUnixNano"]) for s in per_stage[stage]]
-                     for stage in order if stage in per_stage}
-        overlap.append({"step": step, **concurrency(intervals)})
-        row: Dict[str, Any] = {
-            "step": step,
-            "finished": span is not None,
-            "start_unix_nano": span["startTimeUnixNano"] if span else min(s["startTimeUnixNano"] for v in per_stage.values() for s in v),
-            "duration_s": duration_s(span) if span else None,
-            "stages": {stage: sum(duration_s(s) for s in per_stage[stage]) for stage in order if stage in per_stage},
-            "other_s": None,
-        }
-        if span is not None:
-            lo, hi = span["startTimeUnixNano"], span["endTimeUnixNano"]
-            covered = _union_s(
-                (max(s["startTimeUnixNano"], lo), min(s["endTimeUnixNano"], hi))
-                for v in per_stage.values() for s in v
-                if s["endTimeUnixNano"] > lo and s["startTimeUnixNano"] < hi
-            )
-            row["other_s"] = row["duration_s"] - covered
-        rows.append(row)
-    return order, rows, overlap
-
-
-def concurrency(intervals: Dict[str, List[Tuple[int, int]]]) -> Dict[str, Any]:
-    """How a step's stages overlap, from each stage's ``(start, end)`` intervals (ns):
-    ``stages_union_s``, the time any stage ran; ``concurrent_s``, what the stages' times
-    add beyond it (0 when they ran one after another); ``concurrent_stages``, the stages
-    that ran while another did."""
-    own = {stage: merged(spans_of) for stage, spans_of in intervals.items()}
-    union = _union_s(i for spans_of in own.values() for i in spans_of)
-    total = sum(hi - lo for spans_of in intervals.values() for lo, hi in spans_of) / NS
-    concurrent = set()
-    for (a, a_spans), (b, b_spans) in itertools.combinations(own.items(), 2):
-        if any(max(lo_a, lo_b) < min(hi_a, hi_b) for lo_a, hi_a in a_spans for lo_b, hi_b in b_spans):
-            concurrent.update((a, b))
-    return {
-        "stages_union_s": union,
-        "concurrent_s": max(0.0, total - union),
-        "concurrent_stages": [stage for stage in intervals if stage in concurrent],
-    }
-
-
-def rollout_section(trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    by_step: Dict[Any, List[float]] = defaultdict(list)
-    for span in trajectories:
-        by_step[span["attributes"].get(sc.GLOBAL_STEP)].append(duration_s(span))
-    rows = []
-    for step in sorted(by_step, key=lambda s: (s is None, s if isinstance(s, int) else 0)):
-        values = by_step[step]
-        rows.append({
-            "step": step,
-            "count": len(values),
-            "p50_s": percentile(values, 50),
-            "p90_s": percentile(values, 90),
-            "p99_s": percentile(values, 99),
-            "max_s": max(values),
-        })
-    return rows
-
-
-def slowest_section(trajectories: List[Dict[str, Any]], index: _Index, top: int) -> List[Dict[str, Any]]:
-    ranked = sorted(trajectories, key=lambda s: (-duration_s(s), s["spanId"]))[: max(0, top)]
-    return [trajectory_split(t, index) for t in ranked]
 
 
 def _read_csv_rows(paths: Sequence[str]) -> Iterable[List[str]]:
@@ -185,47 +82,6 @@ def read_sample_csv(paths: Sequence[str]) -> Tuple[set, set, Dict[str, LastSeen]
     return uids, complete, last
 
 
-def samples_section(spans: List[Dict[str, Any]], csv_paths: Sequence[str], limit: Optional[int]) -> Dict[str, Any]:
-    roots: Dict[str, Dict[str, Any]] = {}
-    validation_uids = set()
-    last_seen: Dict[str, LastSeen] = {}
-    for span in spans:
-        attrs = span["attributes"]
-        uid = attrs.get(sc.UID)
-        if not isinstance(uid, str):
-            continue
-        if span["name"] == sc.SPAN_SAMPLE:
-            roots[uid] = span
-        if is_trajectory(span) and attrs.get(sc.VALIDATE):
-            validation_uids.add(uid)
-        t = span["endTimeUnixNano"] or span["startTimeUnixNano"]
-        if uid not in last_seen or t > last_seen[uid][0]:
-            last_seen[uid] = (t, f"span {span['name']}", attrs.get(sc.GLOBAL_STEP))
-    csv_uids, csv_complete, csv_last = read_sample_csv(csv_paths)
-    for uid, seen in csv_last.items():
-        if uid not in last_seen or seen[0] > last_seen[uid][0]:
-            last_seen[uid] = seen
-    outcomes = Counter(root["attributes"].get(sc.SAMPLE_OUTCOME) or "(none)" for root in roots.values())
-    unfinished = []
-    for uid, root in roots.items():
-        outcome = root["attributes"].get(sc.SAMPLE_OUTCOME)
-        if outcome not in FINISHED_OUTCOMES:
-            unfinished.append({"uid": uid, "state": f"outcome {outcome or '(none)'}",
-                               "step": root["attributes"].get(sc.GLOBAL_STEP), "last_seen": last_seen[uid][1]})
-    seen = (set(last_seen) | csv_uids) - validation_uids
-    for uid in sorted(seen - set(roots) - csv_complete):
-        t, where, step = last_seen.get(uid, (0, "CSV", None))
-        unfinished.append({"uid": uid, "state": "no finished verl.sample span", "step": step, "last_seen": where})
-    unfinished.sort(key=lambda u: (u["step"] if isinstance(u["step"], int) else -1, u["uid"]))
-    return {
-        "roots": len(roots),
-        "outcomes": dict(sorted(outcomes.items())),
-        "csv_uids": len(csv_uids),
-        "unfinished_count": len(unfinished),
-        "unfinished": unfinished if limit is None else unfinished[: max(0, limit)],
-    }
-
-
 def _count_lines(paths: Sequence[str], predicate=lambda line: True) -> int:
     total = 0
     for path in paths:
@@ -240,17 +96,6 @@ def _starts_trajectory(content: str) -> bool:
     if "|detail=session_started_" in content:
         return True
     return "|detail=agent_task_started" in content and not content.startswith("from=AgentLoopWorkerTQ|")
-
-
-def losses_section(spans: List[Dict[str, Any]], trajectories: List[Dict[str, Any]], inputs: Inputs,
-                   lines: Lines) -> Dict[str, Any]:
-    """What could have been lost, and whether the outputs agree with each other."""
-    limits = {"attributes": 0, "events": 0, "links": 0}
-    for span in spans:
-        for key in limits:
-            limits[key] += span.get("dropped", {}).get(key, 0)
-    return losses(inputs, span_limit_drops=limits, truncated_lines=len(lines.truncated),
-                  trajectory_spans=len(trajectories) if spans else None)
 
 
 def losses(inputs: Inputs, *, span_limit_drops: Dict[str, int], truncated_lines: int,
@@ -355,118 +200,6 @@ def _run_of_loss_file(path: str) -> Optional[str]:
         return (obj.get("resource") or {}).get(sc.RUN_ID)
     except (OSError, ValueError, AttributeError):
         return None
-
-
-def shape_section(spans: List[Dict[str, Any]], fit: Dict[str, Any], trainer: Optional[str], steps: List[Dict[str, Any]],
-                  trajectories: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """What kind of run it is: trainer, layout, ``async`` when a sample was trained in a
-    later step than the one that generated it (its ``verl.sample_stage`` spans' step past
-    its trajectories'), else ``sync``; prompts per step and n (``verl.fit``'s
-    ``train_batch_size`` and ``rollout_n``, else counted from the trajectories), steps."""
-    layouts = sorted({str(s["attributes"][sc.LAYOUT]) for s in spans
-                      if s["name"] in (sc.SPAN_STEP, sc.SPAN_FIT) and s["attributes"].get(sc.LAYOUT)})
-    generated: Dict[str, int] = {}
-    uids_per_step: Dict[Any, set] = defaultdict(set)
-    trajs_per_uid: Counter = Counter()
-    for traj in trajectories:
-        uid, step = traj["attributes"].get(sc.UID), traj["attributes"].get(sc.GLOBAL_STEP)
-        uids_per_step[step].add(uid)
-        trajs_per_uid[uid] += 1
-        if isinstance(step, int) and isinstance(uid, str):
-            generated[uid] = min(step, generated.get(uid, step))
-    later = any(
-        isinstance(s["attributes"].get(sc.GLOBAL_STEP), int) and s["attributes"].get(sc.UID) in generated
-        and s["attributes"][sc.GLOBAL_STEP] > generated[s["attributes"][sc.UID]]
-        for s in spans if s["name"].startswith(sc.sample_stage_span_name(""))
-    )
-    return {
-        "trainer": trainer,
-        "layout": "/".join(layouts) or None,
-        "mode": "async" if later else "sync",
-        "prompts": fit.get(sc.TRAIN_BATCH_SIZE) or max((len(u) for u in uids_per_step.values()), default=None),
-        "n": fit.get(sc.ROLLOUT_N) or max(trajs_per_uid.values(), default=None),
-        "steps": len(steps),
-    }
-
-
-def build(paths: Sequence[str], *, top: int = 5, unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
-    """The whole report as a JSON-ready dict (see :mod:`otel_verl.tools.report` for its keys);
-    ``unfinished_limit`` caps the listed unfinished samples (``None``: all)."""
-    inputs = resolve(paths)
-    lines = Lines()
-    spans = read_spans(inputs.otlp_files, lines)
-    # a trace dir whose spans went to a collector only still has its legacy files and counters
-    if not spans and not (inputs.loss_files or inputs.sample_csv or inputs.metric_files):
-        raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
-    no_spans = None if spans else no_spans_section(paths, inputs)
-    index = _Index(spans)
-    stage_order, steps, stage_overlap = steps_section(spans)
-    trajectories = training_trajectories(spans)
-    runs = sorted({str(s["resource"].get(sc.RUN_ID)) for s in spans if s["resource"].get(sc.RUN_ID)})
-    fit = next((s["attributes"] for s in spans if s["name"] == sc.SPAN_FIT), {})
-    trainer = fit.get(sc.TRAINER) or next((s["attributes"].get(sc.TRAINER) for s in spans if s["name"] == sc.SPAN_STEP), None)
-    shape = shape_section(spans, fit, trainer, steps, trajectories)
-    return {
-        "inputs": {
-            "paths": list(paths),
-            "otlp_files": inputs.otlp_files,
-            "lines": lines.lines,
-            "spans": len(spans),
-            "traces": len({s["traceId"] for s in spans}),
-            "truncated": len(lines.truncated),
-            "truncated_files": [{"path": t.path, "bytes": t.size} for t in lines.truncated],
-            "repaired": sum(lines.repaired.values()),
-            "repaired_files": [{"path": path, "characters": n} for path, n in lines.repaired.items()],
-            "skipped_files": [{"path": path, "what": what} for path, what in inputs.skipped],
-            "legacy_files": {
-                "sample_csv": len(inputs.sample_csv),
-                "progress": len(inputs.progress_logs),
-                "trajectory_jsonl": len(inputs.trajectory_jsonl),
-            },
-        },
-        "no_spans": no_spans,
-        "runs": runs or (no_spans["runs"] if no_spans else []),
-        "trainer": trainer,
-        "shape": shape,
-        "stage_order": stage_order,
-        "steps": steps,
-        "stage_overlap": stage_overlap,
-        "rollout_latency": rollout_section(trajectories),
-        "trajectories": len(trajectories),
-        "slowest_trajectories": slowest_section(trajectories, index, top),
-        "tail": tail.tail_section(spans, index, trajectories, asynchronous=shape["mode"] == "async"),
-        "samples": samples_section(spans, inputs.sample_csv, unfinished_limit),
-        "losses": losses_section(spans, trajectories, inputs, lines),
-        "timeline": _timeline_data(spans, steps, trajectories),
-    }
-
-
-def _timeline_data(spans: List[Dict[str, Any]], steps: List[Dict[str, Any]],
-                   trajectories: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per step: stage bars and trajectory bars in seconds since the step started."""
-    by_step = {row["step"]: row["start_unix_nano"] for row in steps}
-    out: Dict[int, Dict[str, Any]] = {step: {"step": step, "stages": [], "trajectories": []} for step in by_step}
-    for span in spans:
-        step = span["attributes"].get(sc.GLOBAL_STEP)
-        if step in out and span["name"].startswith(STEP_STAGE_PREFIX):
-            t0 = by_step[step]
-            out[step]["stages"].append({
-                "stage": _stage_of(span),
-                "start_s": (span["startTimeUnixNano"] - t0) / NS,
-                "duration_s": duration_s(span),
-            })
-    for span in trajectories:
-        step = span["attributes"].get(sc.GLOBAL_STEP)
-        if step in out:
-            out[step]["trajectories"].append({
-                "start_s": (span["startTimeUnixNano"] - by_step[step]) / NS,
-                "duration_s": duration_s(span),
-            })
-    for row in out.values():
-        row["stages"].sort(key=lambda b: b["start_s"])
-        row["trajectories"].sort(key=lambda b: b["start_s"])
-        assign_lanes(row["stages"])
-    return [out[step] for step in sorted(out)]
 
 
 def assign_lanes(bars: List[Dict[str, Any]]) -> None:

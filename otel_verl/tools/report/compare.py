@@ -1,7 +1,7 @@
 """``otel-verl report --compare A B``: two runs side by side.
 
-Each of A and B is one run (a trace dir, a directory of OTLP-JSON files or one such
-file) read by :func:`otel_verl.tools.report.analysis.build`. :func:`compare` puts their steps,
+Each of A and B is one run's report (:func:`otel_verl.tools.store.report.read`: a trace
+dir, OTLP-JSON files, or a run of a ClickHouse server's store). :func:`compare` puts their steps,
 stages and rollout latency percentiles next to each other with the ratio B/A:
 
 - ``steps``: each step both runs have, its ``verl.step`` duration in A and B;
@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Optional
 
-from otel_verl.tools.report.analysis import build
 from otel_verl.tools.report.timeline import DPI, require_matplotlib
 
+SECTIONS = ("steps", "stage_overlap", "rollout_latency", "shape")  # what a comparison reads of each report
 SHAPE_KEYS = ("trainer", "layout", "mode", "prompts", "n", "steps")
 LATENCY_KEYS = ("count", "p50_s", "p90_s", "p99_s", "max_s")
 OTHER = "other"
@@ -64,8 +64,8 @@ def _listed(value: Any) -> str:
 
 
 def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
-    """Two reports of :func:`otel_verl.tools.report.analysis.build` side by side (see the module
-    docstring for the keys)."""
+    """Two reports side by side (see the module docstring for the keys); they need
+    :data:`SECTIONS`."""
     a_steps = {row["step"]: row for row in a["steps"]}
     b_steps = {row["step"]: row for row in b["steps"]}
     shared_steps = sorted(set(a_steps) & set(b_steps))
@@ -119,15 +119,6 @@ def compare(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
         "stages": stages,
         "rollout_latency": latency,
     }
-
-
-def build_comparison(path_a: str, path_b: str) -> Dict[str, Any]:
-    """Read both runs and :func:`compare` them; an :class:`~otel_verl.tools.report.InputError`
-    names the path that is no run."""
-    return compare(build([path_a], top=0, unfinished_limit=0), build([path_b], top=0, unfinished_limit=0))
-
-
-# --------------------------------------------------------------------------- the PNG
 
 
 def layout(comparison: Dict[str, Any]) -> Dict[str, Any]:

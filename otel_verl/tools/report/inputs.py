@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, NamedTuple, Sequence, Tuple
 
-from otel_verl.exporters.otlp_json_file import flat_span, attributes_to_dict
+from otel_verl.exporters.otlp_json_file import attributes_to_dict
 from otel_verl.ids import repair_text
 
 OTLP_SUFFIXES = (".jsonl", ".json")
@@ -249,48 +249,6 @@ def count_spans(obj: Dict[str, Any]) -> int:
         for resource_spans in obj.get("resourceSpans") or ()
         for scope_spans in resource_spans.get("scopeSpans") or ()
     )
-
-
-def read_spans(files: Sequence[str], lines: Lines) -> List[Dict[str, Any]]:
-    """Every span as the flat dict of :func:`otel_verl.exporters.otlp_json_file.spans_from_files`."""
-    out: List[Dict[str, Any]] = []
-    for path, number, obj in iter_lines(files, lines):
-        try:
-            for resource_spans in obj["resourceSpans"]:
-                resource = attributes_to_dict((resource_spans.get("resource") or {}).get("attributes"))
-                for scope_spans in resource_spans.get("scopeSpans") or ():
-                    scope = (scope_spans.get("scope") or {}).get("name", "")
-                    for span in scope_spans.get("spans") or ():
-                        flat = flat_span(span, resource, scope)
-                        _check_types(flat)
-                        flat["dropped"] = {  # what SDK span limits cut off
-                            "attributes": int(span.get("droppedAttributesCount", 0)),
-                            "events": int(span.get("droppedEventsCount", 0)),
-                            "links": int(span.get("droppedLinksCount", 0)),
-                        }
-                        out.append(flat)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise InputError(f"{path}:{number}: malformed OTLP-JSON ({type(exc).__name__}: {exc})") from None
-    return out
-
-
-_TEXT_FIELDS = ("traceId", "spanId", "name")
-
-
-def _check_types(flat: Dict[str, Any]) -> None:
-    """TypeError where a span's field has a type no OTLP-JSON writer gives it (the report
-    and the Perfetto writer read them as such)."""
-    for key in _TEXT_FIELDS:
-        if not isinstance(flat[key], str):
-            raise TypeError(f"span {key} {flat[key]!r} is not a string")
-    if not isinstance(flat["parentSpanId"], (str, type(None))):
-        raise TypeError(f"span parentSpanId {flat['parentSpanId']!r} is not a string")
-    if not isinstance(flat["kind"], int):
-        raise TypeError(f"span kind {flat['kind']!r} is not an integer")
-    for attributes in (flat["attributes"], flat["resource"]):
-        for key in attributes:
-            if not isinstance(key, str):
-                raise TypeError(f"attribute key {key!r} is not a string")
 
 
 class LossFiles(NamedTuple):

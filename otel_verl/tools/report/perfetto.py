@@ -41,7 +41,6 @@ from heapq import heappop, heappush
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
-from otel_verl.tools.report.inputs import InputError, Lines, Truncated, read_spans, resolve
 
 DUPLICATE = "duplicate"
 NO_START_TIME = "no_start_time"
@@ -102,7 +101,7 @@ def require_perfetto() -> None:
 
 @dataclass
 class Written:
-    """What :func:`write` put in the file, and what it left out."""
+    """What :func:`write_spans` put in the file, and what it left out."""
 
     path: str
     bytes: int = 0
@@ -115,7 +114,6 @@ class Written:
     counter_tracks: int = 0
     counter_points: int = 0
     left_out: Dict[str, int] = field(default_factory=dict)
-    truncated: List[Truncated] = field(default_factory=list)
 
     def as_dict(self) -> Dict[str, Any]:
         return {
@@ -137,20 +135,6 @@ class Written:
         else:
             out.append("perfetto: left out none")
         return out
-
-
-def write(paths: Sequence[str], out_path: str) -> Written:
-    """Read the spans of ``paths`` (as ``otel-verl report`` does) and write them to
-    ``out_path`` as a Perfetto trace; :class:`InputError` when there are none."""
-    require_perfetto()
-    inputs = resolve(paths)
-    lines = Lines()
-    spans = read_spans(inputs.otlp_files, lines)
-    if not spans:
-        raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines.lines} line(s))")
-    written = write_spans(spans, out_path)
-    written.truncated = lines.truncated
-    return written
 
 
 def write_spans(spans: Sequence[Dict[str, Any]], out_path: str) -> Written:

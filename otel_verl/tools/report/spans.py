@@ -1,17 +1,17 @@
-"""What the report's sections read off a span: durations, kinds, the parent index, the
-union of intervals and a trajectory's time split. Shared by :mod:`analysis` and
-:mod:`tail`, so that each rule has one copy."""
+"""What the report reads off one trajectory's spans (the store reads them back with
+:func:`otel_verl.tools.store.spans.subtree`): durations, kinds, the parent index and the
+trajectory's time split into LLM (with the server's queue / prefill / decode), tools,
+reward and the rest, as the slowest trajectories and each step's critical path show it."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from otel_verl import semconv as sc, server_timing
 
 NS = 1e9
 LLM_OPERATIONS = (sc.OP_CHAT, sc.OP_TEXT_COMPLETION)
-STEP_STAGE_PREFIX = sc.step_stage_span_name("")
 
 
 def duration_s(span: Dict[str, Any]) -> float:
@@ -28,37 +28,6 @@ def is_llm_call(span: Dict[str, Any]) -> bool:
 
 def is_tool(span: Dict[str, Any]) -> bool:
     return span["attributes"].get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL
-
-
-def stage_of(span: Dict[str, Any]) -> str:
-    return span["attributes"].get(sc.STAGE) or span["name"][len(STEP_STAGE_PREFIX):]
-
-
-def training_trajectories(spans: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    return [s for s in spans if is_trajectory(s) and not s["attributes"].get(sc.VALIDATE)]
-
-
-def merged(intervals: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
-    """The intervals (ns) merged into disjoint ones, in order; empty ones left out."""
-    out: List[List[int]] = []
-    for start, stop in sorted(intervals):
-        if stop <= start:
-            continue
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], stop)
-        else:
-            out.append([start, stop])
-    return [(a, b) for a, b in out]
-
-
-def union_s(intervals: Iterable[Tuple[int, int]]) -> float:
-    """Seconds covered by at least one of the intervals (ns)."""
-    return sum(b - a for a, b in merged(intervals)) / NS
-
-
-def clipped(intervals: Iterable[Tuple[int, int]], lo: int, hi: int) -> List[Tuple[int, int]]:
-    """The parts of the intervals within ``[lo, hi]``."""
-    return [(max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi]
 
 
 def server_split(server_span: Dict[str, Any]) -> Optional[Dict[str, Optional[float]]]:

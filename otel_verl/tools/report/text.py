@@ -94,7 +94,7 @@ def _render_tail(tail: Dict[str, Any], console: Console) -> None:
 
 
 def _render_steps(report: Dict[str, Any], console: Console) -> None:
-    """The steps and rollout-latency tables: the in-memory report's and the store's."""
+    """The steps and rollout-latency tables."""
     stages = report["stage_order"]
     overlap = {row["step"]: row for row in report.get("stage_overlap", ())}
     concurrent = any(row["concurrent_s"] > 0 for row in overlap.values())
@@ -123,23 +123,6 @@ def _render_steps(report: Dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def render_store_report(report: Dict[str, Any], console: Console) -> None:
-    """The report the store built (:func:`otel_verl.tools.store.report.build`)."""
-    shape = report["shape"]
-    selected = report["selected_steps"]
-    console.print(
-        f"run {', '.join(report['runs']) or '-'}; trainer {report['trainer'] or '-'}; {shape['mode']}; "
-        f"{shape['prompts'] or '-'} prompts x {shape['n'] or '-'} a step; "
-        + (f"steps {selected[0]}-{selected[1]}" if selected else f"{shape['steps']} steps"),
-        markup=False, highlight=False,
-    )
-    _render_steps(report, console)
-    _render_slowest(report, console)
-    _render_tail(report["tail"], console)
-    _render_samples(report["samples"], console)
-    _render_losses(report["losses"], console)
-
-
 def render(report: Dict[str, Any], console: Console) -> None:
     inputs = report["inputs"]
     runs = ", ".join(report["runs"]) or "-"
@@ -150,9 +133,12 @@ def render(report: Dict[str, Any], console: Console) -> None:
         _render_loss_counters(report["losses"], console)
         console.print()
         return
+    selected = report["selected_steps"]
+    read = (f"from {len(inputs['otlp_files'])} file(s), {inputs['lines']} line(s)" if inputs["otlp_files"]
+            else f"from {', '.join(inputs['paths'])}")
     console.print(
-        f"{inputs['spans']} spans in {inputs['traces']} traces from {len(inputs['otlp_files'])} file(s), "
-        f"{inputs['lines']} line(s); run {runs}; trainer {report['trainer'] or '-'}",
+        f"{inputs['spans']} spans in {inputs['traces']} traces {read}; run {runs}; trainer {report['trainer'] or '-'}"
+        + (f"; steps {selected[0]}-{selected[1]}" if selected else ""),
         markup=False, highlight=False,
     )
     console.print(f"truncated: {inputs['truncated']}", markup=False, highlight=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -295,7 +296,7 @@ class _Loader:
         """Turns the staged lines into spans, then records where each file stopped."""
         client = self.client
         empty = client.query(EMPTY_ROWS, settings={"max_threads": 1}).result_rows
-        self.rejected += [(*self.origin[row], 'JSON but no OTLP spans (no "resourceSpans" list)') for (row,) in empty]
+        self.rejected += [(*self.origin[row], 'JSON but no OTLP spans (no "resourceSpans" list, or an empty one)') for (row,) in empty]
         spans, *dropped = client.query(COUNT_SPANS).result_rows[0]
         if spans:
             client.command(INSERT_SPANS)
@@ -327,6 +328,7 @@ def _why(raw: bytes, exc: Exception) -> str:
     except ValueError as error:
         return f"not JSON ({error})"
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    detail = re.sub(r"(Code: \d+\. DB::Exception: )+", "", detail)  # the driver's wrapping, twice
     return f"not OTLP span data ({detail[:200]})"
 
 

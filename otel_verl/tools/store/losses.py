@@ -1,20 +1,18 @@
-"""The report's ``losses`` section from the span store: the keys and values of the in-memory
-one (:func:`otel_verl.tools.report.analysis.losses` defines each figure).
+"""The report's ``losses`` section from the span store
+(:func:`otel_verl.tools.report.analysis.losses` defines each figure).
 
-- ``recorded`` / ``note``: the processes' loss or metric files, read as the in-memory report
-  reads them (small files beside the spans, not spans).
+- ``recorded`` / ``note``: the processes' loss or metric files (small files beside the
+  spans, not spans).
 - ``span_limit_drops``: what SDK span limits cut off, summed by the loader at each load
   (``otel_verl_dropped``; the exporter's table has no column for it, so a server's store
   says 0).
 - ``truncated_lines``: the lines the store could not read as spans: last lines still being
-  written (this load's ``pending``) and lines it rejected (``otel_verl_rejected``; the
-  in-memory report stops at such a line instead).
+  written (this load's ``pending``) and lines it rejected (``otel_verl_rejected``).
 - ``consistency``: the legacy files' line counts against the run's training trajectory
   spans, counted in SQL.
 
 The section is whole-run whatever steps are selected: the files and counters it reads have
-no step, and the dropped counts are kept per load. The spans it counts are the run's (the
-in-memory report counts every run of its files).
+no step, and the dropped counts are kept per load. The spans it counts are the run's.
 """
 
 from __future__ import annotations

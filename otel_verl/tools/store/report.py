@@ -1,8 +1,12 @@
-"""The report's sections as SQL on the store's views: what ``otel-verl report
---clickhouse URL`` and ``--steps A-B`` print. Each section has the keys and values of the
-in-memory report's (:mod:`otel_verl.tools.report.analysis`; ``tests/test_store_report.py``
-holds them equal); Python only shapes rows the engine aggregated, at most one row per step
-and stage.
+"""The report's sections as SQL on the store's views: what ``otel-verl report`` prints
+(:mod:`otel_verl.tools.report` lists the keys, :mod:`otel_verl.tools.report.analysis`
+defines the figures; the tests hold each section equal to a reference computed in Python
+from the same spans). Python only shapes rows the engine aggregated, at most one row per
+step and stage.
+
+:func:`read` is the whole report, what ``otel-verl report`` prints: ``inputs`` (what was
+read), ``no_spans`` (why a trace dir holds none: its spans went to a collector, say) and
+the sections :func:`build` makes.
 
 Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency``,
 ``trajectories``, ``slowest_trajectories`` (:mod:`.slowest`), ``tail`` (:mod:`.tail`),
@@ -13,18 +17,20 @@ Sections: ``steps`` (and ``stage_order``, ``stage_overlap``), ``rollout_latency`
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from otel_verl import semconv as sc
+from otel_verl.tools.report.analysis import no_spans_section
 from otel_verl.tools.report.inputs import InputError, Inputs
 from otel_verl.tools.store import losses, samples, slowest, tail
 from otel_verl.tools.store import timeline as bars
 from otel_verl.tools.store.load import FILES_TABLE, Load, path_key
-from otel_verl.tools.store.store import Store
+from otel_verl.tools.store.store import Store, rejected_lines
 
 SECTIONS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "slowest_trajectories", "tail", "samples",
             "losses", "shape")
 STAGE_ORDER = [s.value for s in sc.Stage]
+_ALWAYS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "shape")
 
 # a step's time no stage covers: its stages clipped to it, sorted, and their union summed
 # (stages of one step may overlap: v1's generation and fetch_batch)
@@ -96,12 +102,14 @@ def pick_run(store: Store, run_id: Optional[str]) -> Optional[str]:
 
 def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[int, int]] = None, top: int = 5,
           inputs: Optional[Inputs] = None, load: Optional[Load] = None, timeline: bool = False,
-          unfinished_limit: Optional[int] = 20) -> Dict[str, Any]:
+          unfinished_limit: Optional[int] = 20, sections: Sequence[str] = SECTIONS) -> Dict[str, Any]:
     """The SQL report of one run (:func:`pick_run`), of ``steps`` (first, last) when given;
     ``top`` slowest trajectories; ``inputs`` and ``load``: the files beside an embedded
     store (:func:`otel_verl.tools.store.store.open_store`), for ``losses`` and the samples'
     CSV; ``timeline``: with the timeline's bars; ``unfinished_limit`` caps the listed
-    unfinished samples (``None``: all)."""
+    unfinished samples (``None``: all); ``sections``: those to build of :data:`SECTIONS`
+    (``steps``, ``stage_overlap``, ``rollout_latency``, ``trajectories`` and ``shape``
+    always are), the others left out."""
     run = pick_run(store, run_id)
     params: Dict[str, Any] = {"run": run or "", "first": steps[0] if steps else -1, "last": steps[1] if steps else 1 << 62}
     run_filter = "run_id = {run:String}"
@@ -153,8 +161,9 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         params)]
     later = store.rows(_ASYNC.format(run=run_filter, where=where), params)[0]["later"]
     counted = store.rows(_PER_STEP.format(where_nullable=where_nullable), params)[0]
+    built = [s for s in SECTIONS if s in sections or s in _ALWAYS] + (["timeline"] if timeline else [])
     report = {
-        "sections": list(SECTIONS) + (["timeline"] if timeline else []),
+        "sections": built,
         "runs": [run] if run else [],
         "selected_steps": list(steps) if steps else None,
         "trainer": trainer,
@@ -171,27 +180,52 @@ def build(store: Store, *, run_id: Optional[str] = None, steps: Optional[Tuple[i
         "stage_overlap": overlap,
         "rollout_latency": latency,
         "trajectories": sum(r["count"] for r in latency),
-        "slowest_trajectories": slowest.build(store, run, steps, top),
-        "tail": tail.build(store, run, steps, asynchronous=bool(later)),
-        "samples": samples.build(store, run, steps, inputs=inputs, limit=unfinished_limit),
-        "losses": losses.build(store, run, inputs=inputs, load=load),
     }
+    optional = {
+        "slowest_trajectories": lambda: slowest.build(store, run, steps, top),
+        "tail": lambda: tail.build(store, run, steps, asynchronous=bool(later)),
+        "samples": lambda: samples.build(store, run, steps, inputs=inputs, limit=unfinished_limit),
+        "losses": lambda: losses.build(store, run, inputs=inputs, load=load),
+    }
+    report.update({name: make() for name, make in optional.items() if name in built})
     if timeline:
         report["timeline"] = bars.build(store, run, steps)
     return report
 
 
+def read(store: Store, paths: List[str], *, inputs: Optional[Inputs] = None, load: Optional[Load] = None,
+         run_id: Optional[str] = None, **options: Any) -> Dict[str, Any]:
+    """The whole report of ``paths`` (their embedded store with its ``inputs`` and ``load``,
+    or a server's store): ``inputs``, ``no_spans`` and :func:`build`'s sections (``options``
+    go to it). A trace dir without spans whose legacy or metric files are there (a run that
+    sent its spans to a collector) gets ``no_spans``, why, and its sections empty; one
+    without those either, an :class:`InputError`."""
+    empty = inputs is not None and not store.query("SELECT count() FROM otel_traces")[1][0][0]
+    if empty and not (inputs.loss_files or inputs.sample_csv or inputs.metric_files):
+        lines = inputs_section(store, paths, inputs, load, None)["lines"]
+        rejected, first = rejected_lines(store, 1)
+        said = "".join(f"; {path}:{line}: {why}" for path, line, why in first)
+        said += f" (and {rejected - 1} more line(s) no OTLP span data)" if rejected > 1 else ""
+        raise InputError(f"no spans in {', '.join(paths)} ({len(inputs.otlp_files)} file(s), {lines} line(s){said})")
+    no_spans = no_spans_section(paths, inputs) if empty else None
+    run = None if empty else pick_run(store, run_id)
+    report = {"inputs": inputs_section(store, paths, inputs, load, run), "no_spans": no_spans,
+              **build(store, run_id=run, inputs=inputs, load=load, **options)}
+    if no_spans:
+        report["runs"] = no_spans["runs"]
+    return report
+
+
 def inputs_section(store: Store, paths: List[str], inputs: Optional[Inputs], load: Optional[Load],
                    run: Optional[str]) -> Dict[str, Any]:
-    """What the report read, with the in-memory report's keys: the files beside an embedded
-    store (``inputs``, this ``load``) and the store's own count of their lines, spans and
-    traces."""
+    """What the report read: the files beside an embedded store (``inputs``, this ``load``)
+    and the store's own count of their lines, spans and traces."""
     loaded: List[Dict[str, Any]] = []
     if inputs is not None:
         loaded = store.rows(f"SELECT Path AS path, Lines AS lines, Repaired AS repaired FROM {FILES_TABLE} FINAL "
                             "WHERE Path IN {paths:Array(String)}", {"paths": [path_key(p) for p in inputs.otlp_files]})
-    # an embedded store holds the files' spans, as the in-memory report counts them (a
-    # process without a run id included); a server's, many runs: the run's
+    # an embedded store holds the files' spans (a process without a run id's included); a
+    # server's, many runs: the run's
     where = "1" if inputs is not None else "RunId = {run:String}"
     counted = store.rows(f"SELECT count() AS spans, uniqExact(TraceId) AS traces FROM otel_traces WHERE {where}",
                          {"run": run or ""})[0]

@@ -1,9 +1,9 @@
-"""The report's ``samples`` section from the span store: the keys and values of the in-memory
-one (:func:`otel_verl.tools.report.analysis.samples_section` defines each figure).
+"""The report's ``samples`` section from the span store (:mod:`otel_verl.tools.report.analysis`
+defines it).
 
 - ``roots`` / ``outcomes``: the run's ``verl.sample`` roots, one per uid, by outcome.
-- ``csv_uids``: the uids of the sample-flow CSV files, read as the in-memory report reads them
-  (files beside the spans, not spans).
+- ``csv_uids``: the uids of the sample-flow CSV files
+  (:func:`otel_verl.tools.report.analysis.read_sample_csv`; files beside the spans, not spans).
 - ``unfinished`` (``unfinished_count`` before ``limit``): roots whose outcome is not a
   finished one, and uids seen in worker spans or the CSV without a root nor a ``COMPLETE``
   CSV row (validation uids left out); each with where and at which step it was last seen.

@@ -1,5 +1,4 @@
-"""The report's ``slowest_trajectories`` section from the span store: the keys and values of
-the in-memory one (:func:`otel_verl.tools.report.analysis.slowest_section`).
+"""The report's ``slowest_trajectories`` section from the span store.
 
 The run's training trajectories (``NOT validate``) are ranked in SQL, longest first, ties by
 span id (with ``steps``: among those of the steps that generated them); each of the first
@@ -24,7 +23,7 @@ ORDER BY end_ns - start_ns DESC, span_id LIMIT {{top:UInt64}}
 
 def build(store: Store, run: Optional[str], steps: Optional[Tuple[int, int]], top: int = 5) -> List[Dict[str, Any]]:
     """The ``top`` slowest training trajectories of ``run`` (of ``steps`` (first, last) when
-    given), each split as the in-memory report splits it."""
+    given), each split by :func:`otel_verl.tools.report.spans.trajectory_split`."""
     params: Dict[str, Any] = {"run": run or "", "top": max(0, top)}
     step_filter = ""
     if steps:

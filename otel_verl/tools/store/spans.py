@@ -1,6 +1,6 @@
 """Spans read back from the store as the flat dicts the file readers give
 (:func:`otel_verl.exporters.otlp_json_file.flat_span`), for what draws spans one by one
-(``report --perfetto`` of some steps): only the rows of those steps are read.
+(``report --perfetto``): only the rows of the steps it draws are read.
 
 The store keeps attribute values as text, as the Collector's exporter does; they are read
 back by one rule: a text that reads as a JSON number, ``true`` or ``false`` is that value,
@@ -37,6 +37,7 @@ WHERE RunId = {{run:String}} AND (Step BETWEEN {{first:Int64}} AND {{last:Int64}
                                  WHERE RunId = {{run:String}} AND Step BETWEEN {{first:Int64}} AND {{last:Int64}}))
 ORDER BY Timestamp
 """
+_RUN_ROWS = f"SELECT {_COLUMNS} FROM otel_traces WHERE {{every:Bool}} OR RunId = {{run:String}} ORDER BY Timestamp"
 # one span and its descendants, found down the parent links within its trace
 _SUBTREE = f"""
 WITH RECURSIVE tree AS (
@@ -75,6 +76,12 @@ def attributes(mapping: Dict[str, str]) -> Dict[str, Any]:
 def of_steps(store: Store, run_id: Optional[str], steps: Tuple[int, int]) -> List[Dict[str, Any]]:
     """The flat spans of ``steps`` (first, last) of ``run_id``, in start order."""
     return _flat(store.query(_ROWS, {"run": run_id or "", "first": steps[0], "last": steps[1]})[1])
+
+
+def of_run(store: Store, run_id: Optional[str]) -> List[Dict[str, Any]]:
+    """The flat spans of the whole run ``run_id`` (``None``: every span of the store, as
+    an embedded store holds its files'), in start order."""
+    return _flat(store.query(_RUN_ROWS, {"every": run_id is None, "run": run_id or ""})[1])
 
 
 def subtree(store: Store, run_id: Optional[str], trace_id: str, span_id: str) -> List[Dict[str, Any]]:

@@ -33,13 +33,6 @@ def _clickhouse_connect() -> Any:
     return clickhouse_connect
 
 
-def available() -> bool:
-    """Whether the embedded store can run here (the ``report`` extra is installed)."""
-    from importlib.util import find_spec
-
-    return find_spec("clickhouse_connect") is not None and find_spec("chdb") is not None
-
-
 def sql_file(name: str) -> str:
     return resources.files("otel_verl.tools.store").joinpath(name).read_text(encoding="utf-8")
 

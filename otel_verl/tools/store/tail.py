@@ -1,9 +1,9 @@
-"""The report's ``tail`` from the span store: the keys and values of the in-memory one
-(:mod:`otel_verl.tools.report.tail` defines every figure), as SQL on the store.
+"""The report's ``tail`` from the span store (:mod:`otel_verl.tools.report.tail` defines
+every figure), as SQL on the store.
 
 - Which step trained each training trajectory, its rollout window and critical-path
   trajectory: one aggregate row per step (``_assigned``, ``_WINDOWS``).
-- The critical path's split and replicas: the in-memory :func:`spans.trajectory_split` and
+- The critical path's split and replicas: :func:`spans.trajectory_split` and
   :func:`tail.engine_requests` on that one trajectory's spans (:func:`store.spans.subtree`).
 - Engine requests: the ``engine_requests`` view (parent links, no walk), of the training
   trajectories by their turns' (trace_id, uid, traj_uid); a window's load reads only the
@@ -42,19 +42,19 @@ _IN_STEPS = "BETWEEN {first:Int64} AND {last:Int64}"
 
 
 def _union_ns(intervals: str) -> str:
-    """The nanoseconds covered by an array of (start, end) intervals (``spans.union_s``)."""
+    """The nanoseconds covered by an array of (start, end) intervals."""
     return (f"arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)), "
             f"arraySort(x -> x.1, {intervals}), (toInt64(0), toInt64(0))).1")
 
 
 def _clipped(intervals: str, lo: str, hi: str) -> str:
-    """``spans.clipped``: the parts of the intervals within [lo, hi]."""
+    """The parts of the intervals within [lo, hi]."""
     return (f"arrayMap(x -> (greatest(x.1, {lo}), least(x.2, {hi})), "
             f"arrayFilter(x -> x.2 > {lo} AND x.1 < {hi}, {intervals}))")
 
 
 def _merged(intervals: str) -> str:
-    """``spans.merged``: the intervals as disjoint ones, in order, empty ones left out."""
+    """The intervals as disjoint ones, in order, empty ones left out."""
     return ("arrayFold((acc, x) -> if(notEmpty(acc) AND x.1 <= acc[-1].2, "
             "arrayPushBack(arrayPopBack(acc), (acc[-1].1, greatest(acc[-1].2, x.2))), arrayPushBack(acc, x)), "
             f"arraySort(arrayFilter(x -> x.2 > x.1, {intervals})), CAST([], 'Array(Tuple(Int64, Int64))'))")

@@ -1,9 +1,8 @@
-"""The report's ``timeline`` from the span store: the keys and values of the in-memory one
-(:func:`otel_verl.tools.report.analysis._timeline_data` defines them): per step of the steps
+"""The report's ``timeline`` from the span store (what ``--png`` draws): per step of the steps
 section, its stage bars and its training trajectories' bars, in seconds since the step
 started (its ``verl.step`` span, else its first stage), each list by start; stages that ran
-at once get lanes by the in-memory rule (``assign_lanes``). Bars that start in the same
-nanosecond come in span id order (the in-memory report keeps the files' order there).
+at once get lanes (:func:`otel_verl.tools.report.analysis.assign_lanes`). Bars that start in
+the same nanosecond come in span id order.
 
 A step may hold thousands of trajectories: :func:`rows` reads one step at a time and
 yields it, for a caller that renders step by step; :func:`build` lists them all.
