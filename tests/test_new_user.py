@@ -4,9 +4,10 @@ Two walks. On a light install (otel-verl without verl, as where the tools run: t
 lowest-versions venv of ``scripts/test-lowest.sh`` is one): ``doctor``, the launcher in
 this Python and in one without otel_verl, a misspelt setting, then ``report``, ``report
 --perfetto`` and ``replay`` on a run's files. With verl: README's demo command, then the
-commands it prints, the replay into a real Jaeger v2, as README's "Seeing a run in Jaeger"
-says. Every command runs as a user starts it: the installed ``otel-verl`` script in a
-subprocess, its output read as a person would (no traceback, one line per problem)."""
+commands it prints, the replay into a real Jaeger v2, as "Seeing a run in Jaeger" in
+docs/BACKENDS.md says. Every command runs as a user starts it: the installed ``otel-verl``
+script in a subprocess, its output read as a person would (no traceback, one line per
+problem)."""
 
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def test_the_walk_with_verl_from_the_demo_to_jaeger(tmp_path, jaeger_server):
     proc = _run(OTEL_VERL, *perfetto[1:])
     assert proc.returncode == 0 and os.path.getsize(perfetto[-1]) > 0, proc.stdout + proc.stderr
 
-    # README's "Seeing a run in Jaeger", without Docker: the Jaeger built here, the printed
+    # "Seeing a run in Jaeger" (docs/BACKENDS.md), without Docker: the Jaeger built here, the printed
     # replay command pointed at its OTLP/HTTP port, then its API
     endpoint = replay.index("--endpoint") + 1
     replay[endpoint] = f"http://127.0.0.1:{jaeger_server.otlp_http_port}"
@@ -166,7 +167,7 @@ def test_the_walk_with_verl_from_the_demo_to_jaeger(tmp_path, jaeger_server):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     wanted = {"verl-trainer", "verl-rollout-worker", "verl-llm-server"}
     deadline = time.monotonic() + 30
-    while True:  # Jaeger stores what it received a moment later (README's `curl .../api/v3/services`)
+    while True:  # Jaeger stores what it received a moment later (that section's `curl .../api/v3/services`)
         with urllib.request.urlopen(f"{jaeger_server.query_url}/api/v3/services", timeout=10) as reply:
             services = set(json.load(reply).get("services", ()))
         if wanted <= services or time.monotonic() > deadline:

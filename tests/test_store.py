@@ -292,7 +292,7 @@ def test_query_prints_a_table_csv_and_json(tmp_path):
 
 
 def test_query_answers_what_no_dashboard_does(tmp_path):
-    """The README's questions, on a run whose answers are known."""
+    """docs/STORE.md's questions, on a run whose answers are known."""
     trace_dir = straggler_run().write(str(tmp_path / "run"))
     stale = otel_verl("query", trace_dir, "--format", "json",
                       "SELECT s.uid AS uid, s.staleness AS staleness, avg(t.reward) AS reward FROM samples s "

@@ -168,7 +168,7 @@ def describe(summary: Dict[str, Any]) -> str:
 
 
 def next_commands(trace_dir: str) -> List[str]:
-    """What to run on a demo's output next (README, "Viewing traces")."""
+    """What to run on a demo's output next (docs/BACKENDS.md, "Seeing a run in Jaeger")."""
     quoted = shlex.quote(trace_dir)
     return [
         "next:",
@@ -177,5 +177,5 @@ def next_commands(trace_dir: str) -> List[str]:
         f"  otel-verl report {quoted} --perfetto {shlex.quote(os.path.join(trace_dir, 'run.pftrace'))}",
         "      the whole run as a timeline: open the file in https://ui.perfetto.dev",
         f"  otel-verl replay {quoted} --endpoint http://localhost:4318",
-        "      into a running Jaeger (docker compose up -d jaeger; http://localhost:16686): README, Viewing traces",
+        "      into a running Jaeger (docker compose up -d jaeger; http://localhost:16686): docs/BACKENDS.md",
     ]

@@ -2,7 +2,7 @@
 on which LLM server replica, how loaded the replicas were, how long each side of the
 loop waited for the other, and how stale the trained samples were.
 
-Definitions (the README's "Reading a run" says the same):
+Definitions (docs/REPORT.md says the same):
 
 - A step's **trajectories** are the training trajectory spans (``invoke_agent``, not
   ``verl.validate``) that step trained: the ``verl.global_step`` of the
