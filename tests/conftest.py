@@ -130,3 +130,26 @@ def opened_store():
     yield open_
     for store in opened:
         store.close()
+
+
+@pytest.fixture(scope="session")
+def shared_demo(tmp_path_factory):
+    """``shared_demo(steps, prompts, n)``: ``(trace_dir, summary)`` of the traced v0 demo with
+    the tool agent, run once a session for each shape (a demo takes 30-60 s) and shared by
+    the tests that only read it: they must not change its files (a report's store beside
+    them is the report's own)."""
+    from demo_process import run_in_child
+
+    runs = {}
+
+    def run(steps: int, prompts: int, n: int):
+        shape = (steps, prompts, n)
+        if shape not in runs:
+            name = f"demo-{steps}x{prompts}xn{n}"
+            trace_dir = tmp_path_factory.mktemp(name)
+            summary = run_in_child("demo", {"trace_dir": str(trace_dir), "steps": steps, "prompts": prompts, "n": n,
+                                            "agent": "tool"}, str(tmp_path_factory.mktemp(f"{name}-run")))
+            runs[shape] = (trace_dir, summary)
+        return runs[shape]
+
+    return run

@@ -21,12 +21,8 @@ STEPS, PROMPTS, N = 2, 4, 4
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from demo_process import run_in_child
-
-    trace_dir = tmp_path_factory.mktemp("demo")
-    summary = run_in_child("demo", {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": N, "agent": "tool"},
-                           str(tmp_path_factory.mktemp("demo-run")))
+def demo(shared_demo):
+    trace_dir, summary = shared_demo(STEPS, PROMPTS, N)
     spans = spans_from_files(summary["outputs"]["otlp_json"])
     return trace_dir, summary, spans
 

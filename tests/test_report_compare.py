@@ -150,23 +150,14 @@ def test_compare_bad_input_is_one_line_error(tmp_path):
 STEPS, PROMPTS = 2, 4
 
 
-def _demo(tmp_path_factory, n: int) -> str:
-    from demo_process import run_in_child
-
-    trace_dir = tmp_path_factory.mktemp(f"demo-n{n}")
-    run_in_child("demo", {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": n, "agent": "tool"},
-                 str(tmp_path_factory.mktemp(f"demo-n{n}-run")))
-    return str(trace_dir)
+@pytest.fixture(scope="module")
+def demo_n2(shared_demo):
+    return str(shared_demo(STEPS, PROMPTS, 2)[0])
 
 
 @pytest.fixture(scope="module")
-def demo_n2(tmp_path_factory):
-    return _demo(tmp_path_factory, 2)
-
-
-@pytest.fixture(scope="module")
-def demo_n4(tmp_path_factory):
-    return _demo(tmp_path_factory, 4)
+def demo_n4(shared_demo):
+    return str(shared_demo(STEPS, PROMPTS, 4)[0])
 
 
 def _spans(trace_dir: str):

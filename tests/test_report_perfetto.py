@@ -610,13 +610,8 @@ def test_lone_surrogates_in_any_text_become_replacement_characters(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from demo_process import run_in_child
-
-    trace_dir = tmp_path_factory.mktemp("perfetto-demo")
-    summary = run_in_child("demo", {"trace_dir": str(trace_dir), "steps": 2, "prompts": 4, "n": 2, "agent": "tool"},
-                           str(tmp_path_factory.mktemp("perfetto-demo-run")))
-    return trace_dir, summary
+def demo(shared_demo):
+    return shared_demo(2, 4, 2)
 
 
 def check_run_in_perfetto(trace_dir, out) -> Tuple["Trace", List[Dict[str, Any]]]:
