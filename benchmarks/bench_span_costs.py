@@ -10,7 +10,7 @@ trajectories (the trajectory, its LLM call, the server's request, the reward), 4
 4-turn ones with a tool call between turns. Each runs with otel_verl's provider and:
 
 - no output: the spans made and ended on the calling thread (the events API's part);
-- one output alone, as bootstrap builds it: the sample-flow CSV, the progress log, the
+- one output alone, as the outputs module builds it: the sample-flow CSV, the progress log, the
   trajectory JSONL (token ids decoded by a stand-in byte tokenizer), the OTLP-JSON files,
   OTLP (otel_verl's encoder, OTLP/HTTP to a receiver in another process), the metrics.
 
@@ -39,7 +39,7 @@ sys.path.insert(0, ROOT)
 from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
-from otel_verl import bootstrap, events, health, settings  # noqa: E402
+from otel_verl import events, health, outputs, settings  # noqa: E402
 from otel_verl.instrumentation import tracing  # noqa: E402
 from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples  # noqa: E402
 from otel_verl.slim_span import SlimTracer  # noqa: E402
@@ -96,7 +96,7 @@ def workload(n: int, turns: int, tools: bool) -> None:
 
 
 def processors_of(output: Optional[str], trace_dir: str, endpoint: str) -> List[Any]:
-    """The output's span processor as bootstrap builds it (none: no output)."""
+    """The output's span processor as the outputs module builds it (none: no output)."""
     if output is None:
         return []
     env = {settings.TRACE_DIR: trace_dir, "OTEL_VERL_ENABLED": "1"}
@@ -106,8 +106,8 @@ def processors_of(output: Optional[str], trace_dir: str, endpoint: str) -> List[
         env["OTEL_VERL_OTLP_FILE"] = "1"
     cfg = settings.load(env)
     if output == "metrics":  # over OTLP, as the metrics go where the spans go
-        return [bootstrap._metrics_processor(cfg)]
-    built = bootstrap.output_processors(cfg, {"verl.role": "agent_loop_worker"})
+        return [outputs.metrics_processor(cfg)]
+    built = outputs.build(cfg, {"verl.role": "agent_loop_worker"})
     wanted = {"sample_csv": "SampleCsvProcessor", "progress_log": "ProgressLogProcessor",
               "trajectory_jsonl": "TrajectoryJsonlProcessor"}.get(output)
     chosen = [p for p in built if (type(p).__name__ == wanted if wanted else getattr(p, "output", None) == output)]

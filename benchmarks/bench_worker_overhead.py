@@ -448,7 +448,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     ``variant``. Returns the provider (installed as the tracing state)."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    from otel_verl import bootstrap, events, settings
+    from otel_verl import bootstrap, events, outputs, settings
     from otel_verl.legacy.progress_log import ProgressLogProcessor
     from otel_verl.legacy.sample_csv import SampleCsvProcessor
     from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
@@ -475,8 +475,8 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
     if level >= 4:
         from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
 
-        exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as bootstrap
-        provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp", cfg, **bootstrap._bsp_options()))
+        exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as the outputs module makes it
+        provider.add_span_processor(outputs.batch_processor(exporter, "otlp", cfg, **outputs.bsp_options()))
     events.install(events.TracingState(provider, provider.get_tracer("otel_verl"), ids, cfg, sampler))
     return provider
 

@@ -1,16 +1,9 @@
 """Building the tracing pipeline of one process: :func:`configure`.
 
 ``configure`` runs once per process (idempotent, fork-safe, never raises). It builds a
-TracerProvider whose spans feed, depending on the settings:
-
-- OTLP (gRPC or HTTP, per the standard ``OTEL_EXPORTER_OTLP_*`` variables) through a
-  BatchSpanProcessor, when an endpoint is set;
-- the legacy outputs (sample-flow CSV, progress log, trajectory JSONL) when a trace dir
-  is set; progress lines go to stdout whenever tracing is on;
-- the embedded default, ``{trace_dir}/otlp/*.jsonl`` in the Collector file exporter's
-  line format, when there is a trace dir and no endpoint;
-- metrics derived from the spans (:mod:`otel_verl.exporters.metrics`), sent where the spans
-  go: OTLP to the endpoint, else ``{trace_dir}/otlp-metrics/*.jsonl`` (``OTEL_METRICS_EXPORTER``).
+TracerProvider whose spans feed the outputs the settings ask for (:mod:`otel_verl.outputs`:
+the legacy files, OTLP, the OTLP-JSON files, metrics), written here or, in a rollout
+worker and the trainer, by an export process (:mod:`otel_verl.offload`).
 
 Sampling is per sample: the standard ``OTEL_TRACES_SAMPLER`` decides on the uid-derived
 trace id, but a sample it drops is still *recorded* so the legacy outputs stay complete;
@@ -34,9 +27,9 @@ import signal
 import socket
 import threading
 import uuid
-from typing import Any, FrozenSet, List, Optional
+from typing import Any, Optional
 
-from otel_verl import forks, health, settings as settings_mod
+from otel_verl import forks, health, outputs, settings as settings_mod
 from otel_verl.deadline import Deadline
 from otel_verl.semconv import Role
 from otel_verl import semconv as sc
@@ -152,8 +145,8 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     if cfg.offloads(role):
         tracer_provider.add_span_processor(_offload(cfg, tracer_provider.resource))
     else:
-        for processor in output_processors(cfg, dict(tracer_provider.resource.attributes)):
-            tracer_provider.add_span_processor(processor)
+        for output in outputs.build(cfg, dict(tracer_provider.resource.attributes)):
+            tracer_provider.add_span_processor(output)
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(tracer_provider)
     else:
@@ -163,138 +156,13 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     return tracer_provider
 
 
-def output_processors(cfg: settings_mod.Settings, resource_attributes: Optional[dict] = None) -> List[Any]:
-    """The span processors writing this process's outputs: the legacy files (a trace dir
-    set), OTLP (an endpoint set), the embedded OTLP-JSON files (a trace dir, no endpoint),
-    the metrics, and the loss file (a trace dir) of the process of ``resource_attributes``.
-    Also what the export process of :mod:`otel_verl.offload` runs. Each queues what it
-    gets and writes from a thread of its own: none waits on another."""
-    from otel_verl import legacy
-
-    processors = legacy.processors(cfg)
-    if cfg.write_otlp_files:
-        from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
-
-        exporter = OtlpJsonFileExporter(os.path.join(cfg.trace_dir, "otlp"))
-        # soon in the file: a process that dies leaves at most this much of its spans unwritten
-        processors.append(_batch_processor(exporter, "otlp_json_file", cfg, schedule_delay_s=FILE_BATCH_DELAY_S,
-                                           writes_files=True))
-    metrics = _metrics_processor(cfg)
-    if metrics is not None:
-        processors.append(metrics)
-    if cfg.otlp_endpoint:
-        processors.append(_batch_processor(_otlp_exporter(cfg), "otlp", cfg, **_bsp_options()))
-    if cfg.trace_dir:
-        from otel_verl.exporters.loss_file import LossFileProcessor
-
-        processors.append(LossFileProcessor(cfg.trace_dir, resource_attributes, outputs=processors))
-    return processors
-
-
-METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
-OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
-_METRICS_EXPORTERS = ("otlp", "console", "none")
-# beside otlp/, whose files every span reader (report, replay) takes for spans only
-METRICS_FILES_DIR = "otlp-metrics"
-
-
-def _metrics_processor(cfg: settings_mod.Settings) -> Any:
-    """The span processor deriving metrics from the spans (``docs/SPANS.md``, "Metrics"),
-    exporting them to :func:`metrics_outputs`; ``None`` when there is nowhere to send them."""
-    try:
-        wanted = metrics_outputs(cfg)
-    except ValueError as exc:
-        logger.error("otel_verl: %s; no metrics", exc)
-        return None
-    if not wanted:
-        return None
-    from otel_verl.exporters.metrics import SpanMetricsProcessor
-
-    endpoint = _metrics_endpoint()
-    return SpanMetricsProcessor(lambda: _metric_exporters(cfg, wanted, endpoint),
-                                shutdown_timeout_s=cfg.shutdown_timeout_s)
-
-
-def metrics_outputs(cfg: settings_mod.Settings) -> List[str]:
-    """Where ``OTEL_METRICS_EXPORTER`` (default ``otlp``) sends the metrics: ``otlp`` (to the
-    metrics endpoint, else the traces' one), ``files`` (the OTLP-JSON files beside the spans',
-    when there is no endpoint), ``console``. ``ValueError`` for an exporter otel_verl lacks."""
-    raw = os.environ.get(METRICS_EXPORTER) or "otlp"
-    names = [n.strip() for n in raw.lower().split(",") if n.strip()]
-    unknown = [n for n in names if n not in _METRICS_EXPORTERS]
-    if unknown:
-        raise ValueError(f"{METRICS_EXPORTER}={raw}: unknown exporter {', '.join(unknown)} "
-                         "(expected otlp, console or none)")
-    wanted = []
-    # files first: their reader's last collection must not wait on an OTLP exporter's retries
-    if "otlp" in names and cfg.write_otlp_files:
-        wanted.append("files")
-    if "otlp" in names and _metrics_endpoint():
-        wanted.append("otlp")
-    if "console" in names:
-        wanted.append("console")
-    return wanted
-
-
-def _metrics_endpoint() -> Optional[str]:
-    """``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``, else
-    the traces' own endpoint (its ``/v1/traces`` path made ``/v1/metrics``): the metrics go
-    where the traces go unless told otherwise."""
-    endpoint = os.environ.get(OTLP_METRICS_ENDPOINT) or os.environ.get(settings_mod.OTLP_ENDPOINT)
-    if endpoint:
-        return endpoint
-    traces = os.environ.get(settings_mod.OTLP_TRACES_ENDPOINT)
-    if not traces:
-        return None
-    return traces[: -len("/v1/traces")] + "/v1/metrics" if traces.rstrip("/").endswith("/v1/traces") else traces
-
-
-def _metric_exporters(cfg: settings_mod.Settings, wanted: List[str], endpoint: Optional[str]) -> List[Any]:
-    """The exporters in ``wanted``."""
-    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-
-    exporters = []
-    for name in wanted:
-        try:
-            if name == "otlp":
-                exporter = _otlp_metric_exporter(endpoint)
-            elif name == "files":
-                from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
-
-                exporter = OtlpJsonMetricFileExporter(os.path.join(cfg.trace_dir, METRICS_FILES_DIR))
-            else:
-                exporter = ConsoleMetricExporter()
-            exporters.append(exporter)
-        except Exception as exc:  # the spans' outputs go on without these metrics
-            health.record_failure(f"metrics.{name}", exc)
-    return exporters
-
-
-def _otlp_metric_exporter(endpoint: Optional[str]) -> Any:
-    """The SDK's OTLP metric exporter the standard variables ask for; ``endpoint`` given
-    only when it is not the exporter's own variable (the traces' endpoint reused)."""
-    protocol = settings_mod.otlp_protocol("METRICS", endpoint=endpoint)
-    own = os.environ.get(OTLP_METRICS_ENDPOINT)
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    elif protocol in ("http/protobuf", "http/json"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        if not own and not os.environ.get(settings_mod.OTLP_ENDPOINT):
-            return OTLPMetricExporter(endpoint=endpoint)  # a full URL, from the traces' one
-        return OTLPMetricExporter()
-    else:
-        raise ValueError(f"OTLP protocol {protocol!r}: the SDK's metric exporters take grpc or http/protobuf")
-    return OTLPMetricExporter() if own or os.environ.get(settings_mod.OTLP_ENDPOINT) else OTLPMetricExporter(endpoint=endpoint)
-
-
 EXPORT_PROCESS_SHARE = 0.75
 EXPORT_PROCESS_MARGIN_S = 1.0  # of the deadline, to send it the last spans, read its answer and let it exit
 
 
 def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
-    """One processor handing every span to an export process that runs
-    :func:`output_processors` (see :mod:`otel_verl.offload`)."""
+    """One processor handing every span an output reads to an export process that runs
+    the outputs (see :mod:`otel_verl.offload`)."""
     from otel_verl.offload.forwarder import OffloadSpanProcessor
     from otel_verl.offload.wire import HostConfig
 
@@ -305,82 +173,10 @@ def _offload(cfg: settings_mod.Settings, resource: Any) -> Any:
     host_cfg = dataclasses.replace(cfg, shutdown_timeout_s=share)
     config = HostConfig(host_cfg, dict(resource.attributes), resource.schema_url, os.getpid())
     # past its restart limit, the process writes its outputs itself, as OTEL_VERL_OFFLOAD=0 does
-    return OffloadSpanProcessor(config, max_pending_bytes=cfg.max_queue_bytes, start_subjects=output_start_subjects(),
-                                end_subjects=output_end_subjects(cfg),
-                                in_process_outputs=lambda: output_processors(cfg, config.resource_attributes),
+    return OffloadSpanProcessor(config, max_pending_bytes=cfg.max_queue_bytes, start_subjects=outputs.starts_read(cfg),
+                                end_subjects=outputs.ends_read(cfg),
+                                in_process_outputs=lambda: outputs.build(cfg, config.resource_attributes),
                                 shutdown_timeout_s=cfg.shutdown_timeout_s)
-
-
-def output_start_subjects() -> FrozenSet[Any]:
-    """The payload subjects whose start an output of :func:`output_processors` reads (OTLP reads
-    ends only): the export process gets no other span's start."""
-    from otel_verl import legacy
-
-    return legacy.start_subjects()
-
-
-def output_end_subjects(cfg: settings_mod.Settings) -> Optional[FrozenSet[Any]]:
-    """The payload subjects whose end an output of :func:`output_processors` reads, ``None``
-    for every span (OTLP and the OTLP-JSON files read all): the export process gets no
-    other span, and a span only it would read is not made (see ``events._core._start``)."""
-    if cfg.otlp_endpoint or cfg.write_otlp_files:
-        return None
-    from otel_verl import legacy
-
-    subjects = legacy.end_subjects()
-    try:
-        wanted = metrics_outputs(cfg)
-    except ValueError:  # no metrics (said where the processors are made)
-        wanted = []
-    if wanted:
-        from otel_verl.exporters.metrics import SpanMetricsProcessor
-
-        subjects |= SpanMetricsProcessor.on_end_subjects
-    return subjects
-
-
-def _otlp_exporter(cfg: settings_mod.Settings) -> Any:
-    """The OTLP span exporter the standard variables ask for (endpoint, protocol, headers,
-    timeout, compression, certificates), sending a batch as requests under the receivers'
-    size limit: otel_verl's own (its encoders write the SDK encoder's bytes at a fraction
-    of its CPU), or with ``OTEL_VERL_OTLP_EXPORTER=sdk`` the SDK's."""
-    protocol = settings_mod.otlp_protocol("TRACES")
-    if cfg.otlp_exporter != "sdk":
-        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
-
-        return OtlpSpanExporter(protocol=protocol)
-    from otel_verl.exporters.otlp import RequestSplittingExporter, sdk_exporter_arguments
-
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:  # the SDK's HTTP exporter sends protobuf only
-        raise settings_mod.ConfigError(f"{settings_mod.OTLP_EXPORTER}=sdk: the SDK's exporters take grpc or "
-                                       f"http/protobuf, not {protocol!r}")
-    return RequestSplittingExporter(OTLPSpanExporter(**sdk_exporter_arguments(protocol)))
-
-
-FILE_BATCH_DELAY_S = 0.5  # the OTLP-JSON files' batches: spans are in the file within a second
-
-
-def _bsp_options() -> dict:
-    """The OTLP batch processor's options: the standard ``OTEL_BSP_*`` variables, the
-    SDK's defaults where they are unset. Its queue is bounded in bytes besides
-    (``OTEL_VERL_MAX_QUEUE_MB``): a 1024 x 16 step ends up to ~6k spans faster than one
-    exporter thread on 2 cores sends them (batch stages end 1024 sample-stage spans at
-    once, benchmarks/bench_collector_load.py), which the SDK's 2048 spans would drop."""
-    from otel_verl.exporters.batch import options_from_env
-
-    return {"schedule_delay_s": 5.0, **options_from_env()}
-
-
-def _batch_processor(exporter: Any, output: str, cfg: settings_mod.Settings, **options: Any) -> Any:
-    """A batch processor of ``exporter`` whose losses are counted under ``output``."""
-    from otel_verl.exporters.batch import BatchExportProcessor
-
-    return BatchExportProcessor(exporter, output, max_queue_bytes=cfg.max_queue_bytes,
-                                shutdown_timeout_s=cfg.shutdown_timeout_s, **options)
 
 
 def _resource(role: str) -> Any:

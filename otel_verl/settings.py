@@ -24,7 +24,7 @@ import re
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 from otel_verl import semconv as sc
 from otel_verl.semconv import Role
@@ -45,6 +45,7 @@ JSONL_MAX_TEXT_CHARS = "OTEL_VERL_JSONL_MAX_TEXT_CHARS"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
 OTLP_EXPORTER = "OTEL_VERL_OTLP_EXPORTER"  # otel_verl (its own encoders, the default) or sdk (the SDK's exporters)
 OTLP_EXPORTERS = ("otel_verl", "sdk")
+OUTPUTS = "OTEL_VERL_OUTPUTS"  # more outputs: module:Class names, comma-separated (otel_verl.outputs.Output)
 OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers and the trainer
 SHUTDOWN_TIMEOUT_S = "OTEL_VERL_SHUTDOWN_TIMEOUT_S"  # seconds a flush or shutdown may take, all outputs together
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -166,6 +167,20 @@ def _otlp_exporter(env: Mapping[str, str], name: str, default: str) -> str:
     return value
 
 
+_OUTPUT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def _output_names(env: Mapping[str, str], name: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    names = tuple(item.strip() for item in raw.split(",") if item.strip())
+    bad = [item for item in names if not _OUTPUT_NAME.match(item)]
+    if bad:
+        raise ConfigError(f"{name}={raw!r}: expected module:Class names, comma-separated (not {bad[0]!r})")
+    return names
+
+
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 
 
@@ -229,6 +244,7 @@ class Settings:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # one flush or shutdown, every output together
     jsonl_max_text_chars: int = DEFAULT_JSONL_MAX_TEXT_CHARS  # each text of a trajectory JSONL line is cut there
     otlp_exporter: str = "otel_verl"  # whose OTLP span exporter: otel_verl's own, or the SDK's
+    outputs: Tuple[str, ...] = ()  # more outputs, as module:Class names (otel_verl.outputs)
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
@@ -328,6 +344,7 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         offload=optional(_tristate, OFFLOAD, None, shown="rollout workers and the trainer"),
         shutdown_timeout_s=optional(_positive_seconds, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
         otlp_exporter=optional(_otlp_exporter, OTLP_EXPORTER, "otel_verl"),
+        outputs=optional(_output_names, OUTPUTS, ()),
     )
 
 

@@ -452,8 +452,8 @@ def test_a_raising_span_processor_is_counted_and_starves_no_other_output(tmp_pat
     code = _RAISING + """
     import otel_verl, fault_workload as w
     from otel_verl import bootstrap, legacy
-    original = legacy.processors
-    legacy.processors = lambda cfg: [Raising()] + original(cfg)  # first in line
+    original = legacy.outputs
+    legacy.outputs = lambda cfg: [(Raising, Raising)] + original(cfg)  # first in line
     assert otel_verl.configure()
     counter = w.attach_counter()
     outputs = w.Outputs()

@@ -225,21 +225,47 @@ LEGACY = ("otel_verl.legacy",)
 
 
 def test_the_legacy_outputs_have_one_way_in():
-    """The events API fills the legacy records and the configurator builds the legacy
-    outputs, both through the package's own names; no wrapper, no part of the export
-    process's wire and no other output imports the legacy layer, and it imports none of them."""
+    """The events API fills the legacy records through the package's own names, and the
+    outputs module makes the legacy outputs; no wrapper, no part of the export process and
+    no other output imports the legacy layer, and it imports none of them."""
     edges = import_graph()
     into = [(src, dst, where) for src, dst, where in edges if _within(dst, LEGACY) and not _within(src, LEGACY)]
-    assert {src for src, _, _ in into} >= {"otel_verl.events.worker", "otel_verl.bootstrap"}
-    allowed = ("otel_verl.events",) + CONFIGURATOR
+    assert {src for src, _, _ in into} >= {"otel_verl.events.worker", OUTPUTS}
+    allowed = ("otel_verl.events", OUTPUTS)
     others = [f"{src} -> {dst} ({where})" for src, dst, where in into
               if not (dst == "otel_verl.legacy" and _within(src, allowed)) and not _within(src, TOOLS)]
     assert not others, "\n".join(others)
     out = [f"{src} -> {dst} ({where})" for src, dst, where in edges if _within(src, LEGACY)
-           and _within(dst, INSTRUMENTATION + CONFIGURATOR + ("otel_verl.offload",))]
+           and _within(dst, INSTRUMENTATION + CONFIGURATOR + ("otel_verl.offload", OUTPUTS))]
     assert not out, "\n".join(out)
 
 
+OUTPUTS = "otel_verl.outputs"  # makes every output, in a traced process and in an export process
+BELOW_THE_CONFIGURATOR = ("otel_verl.offload", "otel_verl.exporters", "otel_verl.legacy")
+
+
+def test_the_outputs_and_the_export_process_never_reach_the_configurator():
+    edges = import_graph()
+    starts = sorted({src for src, _, _ in edges if _within(src, BELOW_THE_CONFIGURATOR + (OUTPUTS,))})
+    assert "otel_verl.offload.host" in starts and "otel_verl.legacy.sample_csv" in starts
+    found = []
+    for start in starts:
+        reached = _reachable(start, edges)
+        found += [_path(start, goal, reached) for goal in CONFIGURATOR if goal in reached]
+    assert not found, "\n".join(found)
+
+
+def test_only_the_configurator_and_the_export_process_make_the_outputs():
+    importers = {src for src, dst, _ in import_graph() if dst == OUTPUTS and not _within(src, TOOLS)}
+    assert importers == {"otel_verl.bootstrap", "otel_verl.offload.host"}
+
+
+def test_the_export_process_knows_no_legacy_type():
+    """The export process runs the outputs it is given; the wire carries payloads opaque."""
+    edges = import_graph()
+    found = [f"{src} -> {dst} ({where})" for src, dst, where in edges
+             if _within(src, ("otel_verl.offload",)) and _within(dst, LEGACY)]
+    assert not found, "\n".join(found)
 
 
 def test_the_runtime_never_imports_a_tool():

@@ -12,7 +12,7 @@ import threading
 import pytest
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-from otel_verl import bootstrap, events, health, settings
+from otel_verl import bootstrap, events, health, outputs, settings
 from otel_verl import semconv as sc
 from otel_verl.exporters import metrics as m
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
@@ -484,40 +484,40 @@ def test_no_endpoint_writes_the_metric_files_beside_the_spans(tmp_path, monkeypa
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     cfg = _cfg({settings.TRACE_DIR: str(tmp_path)})
-    assert bootstrap.metrics_outputs(cfg) == ["files"]
-    processor = bootstrap._metrics_processor(cfg)
+    assert outputs.metrics_outputs(cfg) == ["files"]
+    processor = outputs.metrics_processor(cfg)
     make_pipeline([processor])
     _trajectory()
     processor.shutdown()
-    (path,) = glob.glob(str(tmp_path / bootstrap.METRICS_FILES_DIR / "metrics-*.jsonl"))
+    (path,) = glob.glob(str(tmp_path / outputs.METRICS_FILES_DIR / "metrics-*.jsonl"))
     assert '"verl.trajectory.duration"' in open(path, encoding="utf-8").read()
     assert not glob.glob(str(tmp_path / "otlp" / "*"))  # the spans' directory holds spans only
 
 
-@pytest.mark.parametrize("env, outputs", [
+@pytest.mark.parametrize("env, wanted", [
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, ["otlp"]),
     ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_VERL_OTLP_FILE": "1"}, ["files", "otlp"]),
     ({"OTEL_METRICS_EXPORTER": "console"}, ["console"]),
     ({"OTEL_METRICS_EXPORTER": "otlp,console"}, ["files", "console"]),
     ({"OTEL_VERL_OTLP_FILE": "0"}, []),
 ])
-def test_where_the_metrics_go(tmp_path, monkeypatch, env, outputs):
+def test_where_the_metrics_go(tmp_path, monkeypatch, env, wanted):
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert bootstrap.metrics_outputs(_cfg({settings.TRACE_DIR: str(tmp_path), **env})) == outputs
+    assert outputs.metrics_outputs(_cfg({settings.TRACE_DIR: str(tmp_path), **env})) == wanted
 
 
 def test_metrics_exporter_none_turns_the_metrics_off(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
-    assert bootstrap._metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
+    assert outputs.metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
 
 
 def test_an_unknown_metrics_exporter_is_an_error_and_no_metrics(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
-    assert bootstrap._metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
+    assert outputs.metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path)})) is None
     assert "OTEL_METRICS_EXPORTER=prometheus: unknown exporter prometheus" in caplog.text
 
 
@@ -549,13 +549,13 @@ def test_the_metrics_go_where_the_traces_go_unless_told_otherwise(monkeypatch, e
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert bootstrap._metrics_endpoint() == endpoint
+    assert outputs._metrics_endpoint() == endpoint
 
 
 def test_output_processors_include_the_metrics_processor(tmp_path, monkeypatch):
     monkeypatch.delenv("OTEL_METRICS_EXPORTER", raising=False)
     cfg = _cfg({settings.TRACE_DIR: str(tmp_path)})
-    processors = bootstrap.output_processors(cfg)
+    processors = outputs.build(cfg)
     try:
         assert sum(isinstance(p, m.SpanMetricsProcessor) for p in processors) == 1
     finally:

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 
 import fault_workload
-from otel_verl import bootstrap, events, health, settings
+from otel_verl import bootstrap, events, health, outputs, settings
 from otel_verl.instrumentation import tracing
 from otel_verl.offload.forwarder import OffloadSpanProcessor
 from otel_verl.legacy.records import TrajectoryData, TurnData
@@ -40,7 +40,7 @@ class Pipelines:
         ids, sampler = UidIdGenerator(), record_dropped_samples()
         self.provider = TracerProvider(resource=bootstrap._resource("agent_loop_worker"), sampler=sampler,
                                        id_generator=ids, active_span_processor=IsolatingSpanProcessor())
-        for processor in bootstrap.output_processors(cfg_here):
+        for processor in outputs.build(cfg_here):
             self.provider.add_span_processor(processor)
         self.offload = bootstrap._offload(cfg_there, self.provider.resource)
         assert isinstance(self.offload, OffloadSpanProcessor)
@@ -506,7 +506,7 @@ def test_spans_of_any_tracer_reach_the_export_process_whole(tmp_path):
 
     resource = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
     provider = TracerProvider(resource=resource)
-    for processor in bootstrap.output_processors(settings.load({settings.TRACE_DIR: str(tmp_path / "here")})):
+    for processor in outputs.build(settings.load({settings.TRACE_DIR: str(tmp_path / "here")})):
         provider.add_span_processor(processor)
     there = settings.load({settings.TRACE_DIR: str(tmp_path / "there"), settings.OFFLOAD: "1"})
     offload = OffloadSpanProcessor(wire.HostConfig(there, dict(resource.attributes), resource.schema_url, os.getpid()))
@@ -536,7 +536,7 @@ def test_spans_of_any_tracer_reach_the_export_process_whole(tmp_path):
     {settings.OTLP_FILE: "0", settings.OTLP_ENDPOINT: "http://127.0.0.1:9"},  # and OTLP
 ], ids=["legacy", "metrics", "otlp_files", "otlp"])
 def test_the_export_process_is_sent_every_span_end_its_outputs_read(env, tmp_path, monkeypatch):
-    """bootstrap.output_end_subjects, the span ends a traced process sends (and the spans
+    """outputs.ends_read, the span ends a traced process sends (and the spans
     it makes at all), covers what each output of the export process reads."""
     for name in ("OTEL_METRICS_EXPORTER", settings.OTLP_ENDPOINT, settings.OTLP_TRACES_ENDPOINT,
                  "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
@@ -544,8 +544,8 @@ def test_the_export_process_is_sent_every_span_end_its_outputs_read(env, tmp_pat
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     cfg = settings.load({settings.TRACE_DIR: str(tmp_path), **env})
-    sent = bootstrap.output_end_subjects(cfg)
-    processors = bootstrap.output_processors(cfg)
+    sent = outputs.ends_read(cfg)
+    processors = outputs.build(cfg)
     try:
         read = [getattr(processor, "on_end_subjects", None) for processor in processors]
         if None in read:
@@ -563,20 +563,20 @@ def test_the_export_process_is_sent_every_span_end_its_outputs_read(env, tmp_pat
 
 def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp_path, monkeypatch):
     """Starts go to the export process for the kinds an output writes rows for at a start
-    (bootstrap.output_start_subjects); a tool or reward span goes once, whole, at its end,
+    (outputs.starts_read); a tool or reward span goes once, whole, at its end,
     and the outputs are still the ones the process writes itself."""
     from otel_verl.legacy.progress_log import ProgressLogProcessor
     from otel_verl.legacy.sample_csv import SampleCsvProcessor
     from otel_verl.semconv import Subject
 
-    kinds = bootstrap.output_start_subjects()
+    kinds = outputs.starts_read(settings.load({settings.TRACE_DIR: str(tmp_path)}))
     assert kinds == ProgressLogProcessor.on_start_subjects | SampleCsvProcessor.on_start_subjects
     assert Subject.TRAJECTORY in kinds and Subject.LLM_CALL in kinds
     assert Subject.TOOL not in kinds and Subject.REWARD not in kinds
     from otel_verl.offload import wire
 
     p = pipelines()
-    assert p.offload.start_subjects == kinds
+    assert p.offload.on_start_subjects == kinds
     sent = []
     snapshot = wire.snapshot
 

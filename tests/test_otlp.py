@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import fault_workload as w
-from otel_verl import bootstrap, health, settings
+from otel_verl import bootstrap, health, outputs, settings
 from otel_verl.exporters.otlp import RequestSplittingExporter
 from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES
 from otel_verl.exporters.batch import BatchExportProcessor
@@ -208,7 +208,7 @@ def test_credentials_in_the_endpoint_go_as_otel_verls_exporter_sends_them(receiv
     if explicit:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0ken")
     monkeypatch.setenv("OTEL_VERL_OTLP_EXPORTER", "sdk")
-    exporter = bootstrap._otlp_exporter(settings.load())
+    exporter = outputs.otlp_exporter(settings.load())
     try:
         assert exporter.export(demo_spans(1)) is SpanExportResult.SUCCESS
     finally:

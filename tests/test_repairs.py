@@ -33,7 +33,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricExportR
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from otel_verl import bootstrap, events, health, legacy, settings
+from otel_verl import events, health, legacy, outputs, settings
 from otel_verl import semconv as sc
 from otel_verl.legacy import progress_log, sample_csv, trajectory_jsonl
 from otel_verl.exporters.otlp_encoding import ProtobufEncoder, records_of
@@ -93,7 +93,7 @@ class MetricFiles:
     the batches its data points name."""
 
     def __init__(self, trace_dir: str, make_pipeline: Callable[..., Any], **options: Any) -> None:
-        self.exporter = OtlpJsonMetricFileExporter(os.path.join(trace_dir, bootstrap.METRICS_FILES_DIR), **options)
+        self.exporter = OtlpJsonMetricFileExporter(os.path.join(trace_dir, outputs.METRICS_FILES_DIR), **options)
 
     @property
     def path(self) -> str:
@@ -273,7 +273,7 @@ def test_a_lone_surrogate_in_an_error_message_costs_no_batch_of_the_otlp_exporte
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)
     monkeypatch.setenv("OTEL_VERL_OTLP_EXPORTER", which)
-    exporter = bootstrap._otlp_exporter(settings.load())  # what a run with an endpoint sends through
+    exporter = outputs.otlp_exporter(settings.load())  # what a run with an endpoint sends through
     try:
         result = exporter.export(failed_batch)
     finally:
@@ -377,7 +377,7 @@ def test_the_jsonl_text_bound_is_set_by_its_variable(tmp_path, make_pipeline, mo
     cfg = settings.load({"OTEL_VERL_ENABLED": "1", settings.TRACE_DIR: str(tmp_path),
                          settings.JSONL_MAX_TEXT_CHARS: "4096"})
     assert cfg.jsonl_max_text_chars == 4096
-    processors = legacy.processors(cfg)  # as a rollout worker's outputs are built
+    processors = [make() for _, make in legacy.outputs(cfg)]  # as a rollout worker's outputs are built
     try:
         [processor] = [p for p in processors if isinstance(p, TrajectoryJsonlProcessor)]
         make_pipeline([processor])

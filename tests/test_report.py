@@ -7,7 +7,7 @@ import json
 
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from otel_verl import bootstrap, events, health
+from otel_verl import events, health, outputs
 from otel_verl.exporters import metrics as m
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
@@ -20,7 +20,7 @@ def _traced_process(make_pipeline, trace_dir, instance: str, losses) -> None:
     """One process of a run writing spans and metric files into ``trace_dir``, where the
     configurator puts them; ``losses()`` counts its losses between two collections of its
     metrics."""
-    metrics = m.SpanMetricsProcessor(lambda: [OtlpJsonMetricFileExporter(str(trace_dir / bootstrap.METRICS_FILES_DIR))])
+    metrics = m.SpanMetricsProcessor(lambda: [OtlpJsonMetricFileExporter(str(trace_dir / outputs.METRICS_FILES_DIR))])
     spans = SimpleSpanProcessor(OtlpJsonFileExporter(str(trace_dir / "otlp")))
     pipeline = make_pipeline([metrics, spans], resource={"service.instance.id": instance})
     health.reset()
@@ -41,7 +41,7 @@ def test_the_report_sums_each_processes_last_loss_counters(make_pipeline, tmp_pa
 
     _traced_process(make_pipeline, trace_dir, "process-a", first)
     _traced_process(make_pipeline, trace_dir, "process-b", lambda: health.record_dropped("otlp", 1, "test"))
-    files = sorted(glob.glob(str(trace_dir / bootstrap.METRICS_FILES_DIR / "*.jsonl")))
+    files = sorted(glob.glob(str(trace_dir / outputs.METRICS_FILES_DIR / "*.jsonl")))
     with open(files[0], "a", encoding="utf-8") as f:  # a torn last line: a process killed mid-write
         f.write(json.dumps({"resourceMetrics": []})[:10])
 
@@ -66,7 +66,7 @@ def test_a_trajectory_still_running_at_the_end_is_no_lost_span(make_pipeline, tm
     never finished, where fewer spans than end lines would mean spans lost."""
     from otel_verl import settings
 
-    pipeline = make_pipeline(bootstrap.output_processors(settings.load({settings.TRACE_DIR: str(tmp_path)})))
+    pipeline = make_pipeline(outputs.build(settings.load({settings.TRACE_DIR: str(tmp_path)})))
     with events.trajectory("uid-1", "0", step=1, agent_name="tool_agent"):
         pass
     running = events.trajectory("uid-1", "1", step=1, agent_name="tool_agent")
@@ -116,8 +116,8 @@ def test_a_trace_dir_whose_spans_went_to_a_collector_says_where_they_are(tmp_pat
 
 def test_a_trace_dir_with_metric_files_and_no_span_files_says_they_are_missing(tmp_path):
     trace_dir = _collector_run_dir(tmp_path)
-    (tmp_path / bootstrap.METRICS_FILES_DIR).mkdir()
-    (tmp_path / bootstrap.METRICS_FILES_DIR / "metrics.jsonl").write_text('{"resourceMetrics": []}\n', encoding="utf-8")
+    (tmp_path / outputs.METRICS_FILES_DIR).mkdir()
+    (tmp_path / outputs.METRICS_FILES_DIR / "metrics.jsonl").write_text('{"resourceMetrics": []}\n', encoding="utf-8")
     report = report_of([trace_dir])
     assert report["no_spans"]["reason"] == "span files missing"
     assert "no otlp/ span files" in report["no_spans"]["line"] and report["losses"]["consistency"] == []

@@ -293,6 +293,7 @@ class WriterProcessor(SpanProcessor):
     it writes no file) writes: its flush, checkpoint and shutdown are the writer's."""
 
     writes_files = True  # a flush of the export process waits for it (offload.host)
+    finish_order = 0
     writer: Optional["BackgroundWriter"] = None
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:

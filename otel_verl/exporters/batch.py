@@ -87,6 +87,9 @@ class BatchExportProcessor(SpanProcessor):
     ``output`` names its losses and failures in :mod:`otel_verl.health`."""
 
     on_start_subjects: frozenset = frozenset()  # reads ended spans only
+    on_end_subjects = None  # every span's
+    finish_order = 0
+    writes_files = False  # (the OTLP-JSON files' says True)
 
     def __init__(self, exporter: SpanExporter, output: str, *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_MB << 20,
                  max_queue_spans: int = 1 << 20, max_batch: int = 512, schedule_delay_s: float = 5.0,

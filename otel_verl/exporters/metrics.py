@@ -77,6 +77,7 @@ class SpanMetricsProcessor(SpanProcessor):
 
     on_start_subjects: frozenset = frozenset()  # reads ends only
     finish_order = 1  # after the span outputs: the last collection has their losses
+    writes_files = False  # (its file exporter writes at each collection, on a thread of its own)
     on_end_subjects = frozenset({
         Subject.STEP, Subject.STEP_STAGE, Subject.SAMPLE, Subject.TRAJECTORY, Subject.LLM_CALL,
         Subject.LLM_SERVER, Subject.TOOL, Subject.REWARD,
@@ -142,6 +143,12 @@ class SpanMetricsProcessor(SpanProcessor):
         if owned is None:
             return True
         return self._bounded(owned.force_flush, timeout_millis, "force_flush") is not False
+
+    def checkpoint(self) -> Callable[[Optional[float]], bool]:
+        return lambda timeout_s=None: True  # a flush of the export process waits for files only
+
+    def pending(self) -> Dict[str, int]:
+        return {}  # points, not items: a collection exports the whole of them
 
     def shutdown(self) -> None:
         """Exports the last collection and stops the exporters within ``shutdown_timeout_s``;

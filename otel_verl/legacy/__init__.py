@@ -9,53 +9,37 @@ wrote them (``docs/LEGACY_FORMATS.md``).
 - :mod:`.tokenizer`: the tokenizer the trajectory JSONL decodes with.
 
 The events API fills the records through the names below, the one way into this layer;
-the configurator builds the outputs with :func:`processors`. Nothing else in otel_verl
+the outputs module (:mod:`otel_verl.outputs`) makes them with :func:`outputs`. Nothing else in otel_verl
 knows these formats: the wrappers, the wire format to the export process and the other
 outputs see spans and opaque payloads.
 """
 
 from __future__ import annotations
 
-from typing import Any, FrozenSet, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 from otel_verl.legacy.records import RolloutData, TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
 from otel_verl.legacy.tokenizer import TextCodec, text_codec
 
 __all__ = ["RolloutData", "TrajectoryData", "TurnData", "kept_ids", "kept_prompt", "token_list", "TextCodec",
-           "text_codec", "processors", "start_subjects", "end_subjects"]
+           "text_codec", "outputs"]
 
 
-def processors(settings: Any) -> List[Any]:
-    """The legacy outputs of a process with ``settings``: the progress log (stdout, and
-    its files with a trace dir), and with a trace dir the CSV and the trajectory JSONL."""
+def outputs(settings: Any) -> List[Tuple[type, Callable[[], Any]]]:
+    """The legacy outputs of a process with ``settings``, each as its class and its maker:
+    the progress log (stdout, and its files with a trace dir), and with a trace dir the CSV
+    and the trajectory JSONL."""
     from otel_verl.legacy.progress_log import ProgressLogProcessor
 
-    outputs: List[Any] = [ProgressLogProcessor(settings.trace_dir, max_pending_bytes=settings.max_queue_bytes)]
+    planned: List[Tuple[type, Callable[[], Any]]] = [(ProgressLogProcessor, lambda: ProgressLogProcessor(
+        settings.trace_dir, max_pending_bytes=settings.max_queue_bytes))]
     if settings.trace_dir:
         from otel_verl.legacy.sample_csv import SampleCsvProcessor
         from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 
-        outputs.append(SampleCsvProcessor(settings.trace_dir, flow_stdout=settings.flow_stdout,
-                                          max_pending_bytes=settings.max_queue_bytes))
-        outputs.append(TrajectoryJsonlProcessor(settings.trace_dir, max_file_bytes=settings.jsonl_max_bytes,
-                                                max_pending_bytes=settings.max_queue_bytes,
-                                                max_text_chars=settings.jsonl_max_text_chars))
-    return outputs
-
-
-def start_subjects() -> FrozenSet[Any]:
-    """The payload subjects whose span starts a legacy output reads."""
-    return frozenset().union(*(output.on_start_subjects for output in _outputs()))
-
-
-def end_subjects() -> FrozenSet[Any]:
-    """The payload subjects whose span ends a legacy output reads."""
-    return frozenset().union(*(output.on_end_subjects for output in _outputs()))
-
-
-def _outputs() -> Tuple[Any, ...]:
-    from otel_verl.legacy.progress_log import ProgressLogProcessor
-    from otel_verl.legacy.sample_csv import SampleCsvProcessor
-    from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
-
-    return ProgressLogProcessor, SampleCsvProcessor, TrajectoryJsonlProcessor
+        planned.append((SampleCsvProcessor, lambda: SampleCsvProcessor(
+            settings.trace_dir, flow_stdout=settings.flow_stdout, max_pending_bytes=settings.max_queue_bytes)))
+        planned.append((TrajectoryJsonlProcessor, lambda: TrajectoryJsonlProcessor(
+            settings.trace_dir, max_file_bytes=settings.jsonl_max_bytes, max_pending_bytes=settings.max_queue_bytes,
+            max_text_chars=settings.jsonl_max_text_chars)))
+    return planned

@@ -69,11 +69,11 @@ class OffloadSpanProcessor(SpanProcessor):
     """Runs the given outputs in a child process ("the export process") fed with this
     process's spans; see the module docs.
 
-    ``start_subjects``: the payload subjects whose start an output reads; other spans go once,
-    when they end (OTLP reads ends only). ``end_subjects``: those whose end an output reads
+    ``start_subjects``: the payload subjects whose start an output reads (``None``: every
+    span's); other spans go once, when they end (OTLP reads ends only). ``end_subjects``: those whose end an output reads
     (``None``: every span's, as OTLP does); the others' spans are neither sent nor, where
     nothing else needs them, made. ``in_process_outputs``: makes the span processors
-    this process runs itself once no export process can (``bootstrap.output_processors``)."""
+    this process runs itself once no export process can (``outputs.build``)."""
 
     def __init__(
         self,
@@ -85,12 +85,13 @@ class OffloadSpanProcessor(SpanProcessor):
         start_timeout_s: float = 60.0,
         shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S,
         max_restarts_per_minute: int = MAX_RESTARTS_PER_MINUTE,
-        start_subjects: FrozenSet[Subject] = frozenset(Subject),
+        start_subjects: Optional[FrozenSet[Subject]] = frozenset(Subject),
         end_subjects: Optional[FrozenSet[Subject]] = None,
         in_process_outputs: Optional[Callable[[], Iterable[SpanProcessor]]] = None,
     ) -> None:
-        self.start_subjects = frozenset(start_subjects)
-        self.on_end_subjects = end_subjects  # (IsolatingSpanProcessor hands it no other end)
+        # (IsolatingSpanProcessor hands it no other start or end)
+        self.on_start_subjects = start_subjects
+        self.on_end_subjects = end_subjects
         self.config = config
         self.max_pending_bytes = max_pending_bytes
         self.batch_interval_s = batch_interval_s
@@ -111,7 +112,8 @@ class OffloadSpanProcessor(SpanProcessor):
             in_process.on_start(span, parent_context)
             return
         payload = payload_of(span)
-        if payload is not None and payload.subject in self.start_subjects:
+        subjects = self.on_start_subjects
+        if subjects is None or payload is not None and payload.subject in subjects:
             self._queue(STARTED, span, payload, wire.copied(span.attributes))
 
     def on_end(self, span: Any) -> None:

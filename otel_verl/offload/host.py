@@ -3,7 +3,7 @@
 Started by :class:`~otel_verl.offload.forwarder.OffloadSpanProcessor`. Reads messages
 from stdin (:mod:`otel_verl.offload.wire`), rebuilds each span as a
 :class:`~otel_verl.record.SpanRecord` carrying its payload and hands it to the span
-processors the served process would have run itself (``bootstrap.output_processors``:
+processors the served process would have run itself (``outputs.build``:
 the legacy files, OTLP, the embedded OTLP-JSON files, metrics, the loss file), with the
 served process's resource and its pid in the file names. Its stdout and stderr are the
 served process's (progress lines and warnings land where they would have).
@@ -72,9 +72,9 @@ class Host:
         from otel_verl.sampling import IsolatingSpanProcessor, finish_order
 
         if processors is None:
-            from otel_verl import bootstrap
+            from otel_verl import outputs
 
-            processors = bootstrap.output_processors(config.settings, config.resource_attributes)
+            processors = outputs.build(config.settings, config.resource_attributes)
         processors = list(processors)
         self.rebuilder = wire.Rebuilder(config)
         # as the served process's provider calls them, within the share of the end's deadline

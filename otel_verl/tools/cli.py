@@ -397,10 +397,10 @@ def _settings_checks(env: dict) -> tuple:
         var = str(exc).split("=", 1)[0]
         return checks + [_Check("settings", "environment", FAIL, str(exc), f"set {var} to a valid value or unset it")], None
     if cfg.otlp_endpoint:
-        from otel_verl import bootstrap
+        from otel_verl import outputs
 
         try:
-            bootstrap._otlp_exporter(cfg).shutdown()  # the exporter a run would build
+            outputs.otlp_exporter(cfg).shutdown()  # the exporter a run would build
         except settings.ConfigError as exc:
             var = str(exc).split("=", 1)[0]
             checks.append(_Check("settings", "OTLP protocol", FAIL, str(exc),
@@ -412,10 +412,10 @@ def _settings_checks(env: dict) -> tuple:
         outputs = [o for o, on in (("legacy files", cfg.trace_dir), ("OTLP-JSON files", cfg.write_otlp_files),
                                    ("OTLP", cfg.otlp_endpoint)) if on]
         checks.append(_Check("settings", "tracing", OK, "on: " + ", ".join(outputs or ["in-process only (OTEL_VERL_ENABLED=1)"])))
-        from otel_verl import bootstrap
+        from otel_verl import outputs as outputs_mod
 
         try:
-            metrics = bootstrap.metrics_outputs(cfg)
+            metrics = outputs_mod.metrics_outputs(cfg)
             checks.append(_Check("settings", "metrics", OK, "to: " + ", ".join(metrics) if metrics
                                  else "off (OTEL_METRICS_EXPORTER=none, or no endpoint and no OTLP-JSON files)"))
         except ValueError as exc:

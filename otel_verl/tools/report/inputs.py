@@ -22,7 +22,7 @@ from otel_verl.exporters.otlp_json_file import attributes_to_dict
 from otel_verl.ids import repair_text
 
 OTLP_SUFFIXES = (".jsonl", ".json")
-METRICS_DIR = "otlp-metrics"  # beside otlp/ in a trace dir (bootstrap.METRICS_FILES_DIR)
+METRICS_DIR = "otlp-metrics"  # beside otlp/ in a trace dir (outputs.METRICS_FILES_DIR)
 LOSSES_DIR = "losses"  # each process's final loss counters (exporters.loss_file.DIRECTORY)
 
 
