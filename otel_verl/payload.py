@@ -1,11 +1,11 @@
 """In-process data that rides with a span without being exported over OTLP.
 
-Legacy outputs need more than a span's attributes: the traj_uids of a batch stage, the
-texts and token ids of a trajectory's turns. Putting those on OTLP spans would be costly
-(16k ids per stage) and, for message content, a privacy leak (GenAI content capture is
-opt-in). The events API starts each span with a :class:`Payload` (what the span stands
-for, and its data); span processors in the same process read it with :func:`payload_of`;
-OTLP exporters never see it.
+The legacy outputs need more than a span's attributes: a trajectory's turns with their
+token ids, the engine's timing as the JSONL wants it, the worker's tokenizer. Token ids
+on OTLP spans would be costly (a trajectory holds thousands), and message content a
+privacy leak (GenAI content capture is opt-in). The events API starts each span with a
+:class:`Payload` (what the span stands for, and that data); span processors read it with
+:func:`payload_of`; OTLP exporters never see it.
 
 A span's payload is readable from the start of its ``on_start`` to the end of its
 ``on_end``. It rides on the span: an events-API span (``SlimSpan``) holds it and hands it
