@@ -103,13 +103,13 @@ TOOL_TURNS = 4
 N_WORKERS = 8
 PROMPT_TOKENS, COMPLETION_TOKENS, OBSERVATION_TOKENS = 128, 256, 32
 
+# The goals of docs/PERFORMANCE.md this benchmark measures (a rollout worker's CPU per
+# trajectory and turn is bench_worker_wrappers's: here it is a figure of the table above)
 TARGETS = {
     "ratio_vs_seed": 0.5,
     "legacy_ratio_vs_seed": 0.3,
     "trainer_ms": 300.0,
     "drops": 0,
-    "turn_us": 100.0,
-    "traj_us": 250.0,
     "disabled_us": 1.0,
     "mem_mb": 50.0,
 }
@@ -1193,23 +1193,13 @@ def report(an: Dict[str, Any], command: str, receiver_kind: str, tokenizer: str)
          f"{full['trainer_s'] * 1e3 / TARGETS['trainer_ms']:.2f}x target", "<= 300 ms", verdict(full["trainer_s"] * 1e3, TARGETS["trainer_ms"])),
         ("dropped spans/rows, sustained", f"{sus_drops} over {sus['steps']} steps of {sus['prompts']}x{sus['n']} "
          f"(csv {sus['outputs']['csv_rows']}/{sus['expected']['csv_rows']} rows)", "", "0", "met" if sus_drops == 0 else f"MISSED ({sus_drops})"),
-        ("worker CPU / single-turn trajectory (A)", f"{full['per_traj_us']:.0f} us (seed {seed_a['per_traj_us']:.0f} us)",
-         f"{full['per_traj_us'] / TARGETS['traj_us']:.2f}x target", "<= 250 us", verdict(full["per_traj_us"], TARGETS["traj_us"])),
-        ("worker CPU / extra LLM turn, with its tool call (B - A)", f"{full['per_turn_us']:.0f} us (seed {seed_a['per_turn_us']:.0f} us)",
-         f"{full['per_turn_us'] / TARGETS['turn_us']:.2f}x target", "<= 100 us", verdict(full["per_turn_us"], TARGETS["turn_us"])),
-        ("the same via an export process: worker process / single-turn trajectory (A)",
-         f"{off_a['per_traj_us']:.0f} us (+ {off_a['per_traj_export_us']:.0f} us in the export process)",
-         f"{off_a['per_traj_us'] / TARGETS['traj_us']:.2f}x target", "<= 250 us", verdict(off_a["per_traj_us"], TARGETS["traj_us"])),
-        ("the same via an export process: worker process / extra LLM turn (B - A)",
-         f"{off_a['per_turn_us']:.0f} us (+ {off_a['per_turn_export_us']:.0f} us in the export process)",
-         f"{off_a['per_turn_us'] / TARGETS['turn_us']:.2f}x target", "<= 100 us", verdict(off_a["per_turn_us"], TARGETS["turn_us"])),
         ("installed-but-disabled, per wrapped call (worst)", f"{dis_worst:.2f} us", f"{dis_worst / TARGETS['disabled_us']:.2f}x target",
          "<= 1 us", verdict(dis_worst, TARGETS["disabled_us"])),
         (f"RSS growth over {mem['steps']} steps ({mem['prompts']}x{mem['n']}, legacy + OTLP)",
          f"{mem['growth_mb']:.1f} MB (step 5 -> {mem['steps']})", f"{mem['growth_mb'] / TARGETS['mem_mb']:.2f}x target",
          "<= 50 MB", verdict(mem["growth_mb"], TARGETS["mem_mb"])),
     ]
-    lines += ["", "### Targets", "", "| measure | measured | ratio | target | verdict |", "|---|---|---|---|---|"]
+    lines += ["", "### Against the goals", "", "| measure | measured | ratio | target | verdict |", "|---|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     lines += ["", "### Installed-but-disabled, per call (wrapped stand-in, tracing off, minus the bare stand-in)", "",
               "| call | added |", "|---|---|"]
