@@ -24,6 +24,7 @@ from otel_verl.tools.report.analysis import no_spans_section
 from otel_verl.tools.report.inputs import InputError, Inputs
 from otel_verl.tools.store import losses, samples, slowest, tail
 from otel_verl.tools.store import timeline as bars
+from otel_verl.tools.store.intervals import union_ns
 from otel_verl.tools.store.load import FILES_TABLE, Load, path_key
 from otel_verl.tools.store.store import Store, rejected_lines
 
@@ -34,13 +35,11 @@ _ALWAYS = ("steps", "stage_overlap", "rollout_latency", "trajectories", "shape")
 
 # a step's time no stage covers: its stages clipped to it, sorted, and their union summed
 # (stages of one step may overlap: v1's generation and fetch_batch)
-_STEPS = """
+_STEPS = f"""
 SELECT st.step AS step, any(st.start_ns) AS start_ns, any(st.duration_s) AS duration_s,
-    arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)),
-              arraySort(x -> x.1, groupArray((greatest(g.start_ns, st.start_ns), least(g.end_ns, st.end_ns)))),
-              (toInt64(0), toInt64(0))).1 AS covered_ns
-FROM (SELECT * FROM steps WHERE {where}) AS st
-LEFT JOIN (SELECT * FROM stages WHERE {where}) AS g ON g.run_id = st.run_id AND g.step = st.step
+    {union_ns("groupArray((greatest(g.start_ns, st.start_ns), least(g.end_ns, st.end_ns)))")} AS covered_ns
+FROM (SELECT * FROM steps WHERE {{where}}) AS st
+LEFT JOIN (SELECT * FROM stages WHERE {{where}}) AS g ON g.run_id = st.run_id AND g.step = st.step
 GROUP BY st.step
 """
 _STAGES = """
@@ -49,11 +48,10 @@ FROM stages WHERE {where} GROUP BY step, stage
 """
 # how a step's stages overlap (analysis.concurrency): the time any ran, what their times add
 # beyond it, and the stages that ran while another did
-_UNION = """
+_UNION = f"""
 SELECT step, sum(end_ns - start_ns) AS total_ns,
-    arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)),
-              arraySort(x -> x.1, groupArray((start_ns, end_ns))), (toInt64(0), toInt64(0))).1 AS union_ns
-FROM stages WHERE {where} GROUP BY step
+    {union_ns("groupArray((start_ns, end_ns))")} AS union_ns
+FROM stages WHERE {{where}} GROUP BY step
 """
 _CONCURRENT = """
 SELECT DISTINCT a.step AS step, a.stage AS stage

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from otel_verl import semconv as sc
 from otel_verl.tools.report.spans import NS, SpanIndex, trajectory_split
 from otel_verl.tools.report.tail import NO_LINEAGE, WAITING_STAGES, engine_requests, load_rank, main_replica
+from otel_verl.tools.store.intervals import clipped, merged, union_ns
 from otel_verl.tools.store.spans import subtree
 from otel_verl.tools.store.store import Store
 
@@ -39,25 +40,6 @@ _ATTEMPT, _SERVER = _literals([sc.SPAN_LLM_ATTEMPT]), _literals([sc.SPAN_LLM_SER
 _WAITING = _literals(WAITING_STAGES)
 _RUN = "run_id = {run:String}"
 _IN_STEPS = "BETWEEN {first:Int64} AND {last:Int64}"
-
-
-def _union_ns(intervals: str) -> str:
-    """The nanoseconds covered by an array of (start, end) intervals."""
-    return (f"arrayFold((acc, x) -> (acc.1 + greatest(toInt64(0), x.2 - greatest(x.1, acc.2)), greatest(acc.2, x.2)), "
-            f"arraySort(x -> x.1, {intervals}), (toInt64(0), toInt64(0))).1")
-
-
-def _clipped(intervals: str, lo: str, hi: str) -> str:
-    """The parts of the intervals within [lo, hi]."""
-    return (f"arrayMap(x -> (greatest(x.1, {lo}), least(x.2, {hi})), "
-            f"arrayFilter(x -> x.2 > {lo} AND x.1 < {hi}, {intervals}))")
-
-
-def _merged(intervals: str) -> str:
-    """The intervals as disjoint ones, in order, empty ones left out."""
-    return ("arrayFold((acc, x) -> if(notEmpty(acc) AND x.1 <= acc[-1].2, "
-            "arrayPushBack(arrayPopBack(acc), (acc[-1].1, greatest(acc[-1].2, x.2))), arrayPushBack(acc, x)), "
-            f"arraySort(arrayFilter(x -> x.2 > x.1, {intervals})), CAST([], 'Array(Tuple(Int64, Int64))'))")
 
 
 def _assigned(candidates: str, uids: str) -> str:
@@ -117,7 +99,7 @@ _WINDOW_TRACES = f"""trace_id IN (
         AND toUnixTimestamp64Nano(Timestamp) + toInt64(Duration) > {{lo:Int64}})"""
 _REPLICA_LOAD = f"""
 SELECT replica, count() AS requests,
-    {_union_ns("groupArray((greatest(start_ns, {lo:Int64}), least(end_ns, {hi:Int64})))")} AS busy_ns
+    {union_ns("groupArray((greatest(start_ns, {lo:Int64}), least(end_ns, {hi:Int64})))")} AS busy_ns
 FROM engine_requests
 WHERE {_RUN} AND start_ns < {{hi:Int64}} AND end_ns > {{lo:Int64}} AND {_WINDOW_TRACES}
     AND {_training(_WINDOW_TRACES)}
@@ -145,10 +127,10 @@ turn_pauses AS (
 trajectory_pauses AS (
     SELECT trace_id, uid, traj_uid, arrayFlatten(groupArray(pauses)) AS pauses FROM turn_pauses
     GROUP BY trace_id, uid, traj_uid)
-SELECT {_union_ns(_clipped("groupArray(x)", "{lo:Int64}", "{hi:Int64}"))} AS running_ns
+SELECT {union_ns(clipped("groupArray(x)", "{lo:Int64}", "{hi:Int64}"))} AS running_ns
 FROM (SELECT arrayJoin(arrayFilter(x -> x.2 > x.1, arrayZip(arrayConcat([s], arrayMap(x -> x.2, merged)),
                                                             arrayConcat(arrayMap(x -> x.1, merged), [e])))) AS x
-      FROM (SELECT o.s AS s, o.e AS e, {_merged(_clipped("p.pauses", "o.s", "o.e"))} AS merged
+      FROM (SELECT o.s AS s, o.e AS e, {merged(clipped("p.pauses", "o.s", "o.e"))} AS merged
             FROM overlapping AS o
             LEFT JOIN trajectory_pauses AS p ON p.trace_id = o.trace_id AND p.uid = o.uid AND p.traj_uid = o.traj_uid))
 """
@@ -156,7 +138,7 @@ FROM (SELECT arrayJoin(arrayFilter(x -> x.2 > x.1, arrayZip(arrayConcat([s], arr
 # to its first other stage), their union within the span
 _STEP_WAITS = f"""
 SELECT s.step AS step, s.start_ns AS lo, s.end_ns AS hi,
-    {_union_ns(_clipped("arrayPushBack(g.waits, (s.start_ns, ifNull(g.first_work, s.end_ns)))",
+    {union_ns(clipped("arrayPushBack(g.waits, (s.start_ns, ifNull(g.first_work, s.end_ns)))",
                         "s.start_ns", "s.end_ns"))} AS waiting_ns
 FROM (SELECT step, any(start_ns) AS start_ns, any(end_ns) AS end_ns FROM steps WHERE {_RUN} AND step {_IN_STEPS}
       GROUP BY step) AS s
