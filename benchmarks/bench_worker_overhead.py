@@ -473,7 +473,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
         provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes,
                                                              max_pending_bytes=cfg.max_queue_bytes))
     if level >= 4:
-        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
+        from otel_verl.accelerated.otlp_exporter import OtlpSpanExporter
 
         exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as bootstrap
         provider.add_span_processor(bootstrap._batch_processor(exporter, "otlp", cfg, **bootstrap._bsp_options()))
