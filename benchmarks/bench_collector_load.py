@@ -140,7 +140,7 @@ def _time_exports(provider: Any) -> Dict[str, float]:
     """Wrap the OTLP exporter's ``export`` to add up the CPU its thread spends in it."""
     totals = {"export_cpu_s": 0.0, "export_calls": 0, "bsp_max_queue_size": None, "bsp_max_export_batch_size": None}
     from otel_verl import bootstrap
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
 
     for processor in bootstrap.span_processors():
         if not isinstance(processor, BatchExportProcessor) or processor.output != "otlp":

@@ -11,8 +11,8 @@ links, the step and its stages). Each kind is encoded on its own, and the whole 
 batches of 512 as the BatchSpanProcessor hands them over:
 
 - the SDK: ``encode_spans(spans).SerializeToString()`` on its ``ReadableSpan``s;
-- ours: :class:`otel_verl.exporters.otlp_encoding.ProtobufEncoder` (the same bytes, which
-  is checked) and :class:`~otel_verl.exporters.otlp_encoding.JsonEncoder`, each with the
+- ours: :class:`otel_verl.accelerated.otlp_encoding.ProtobufEncoder` (the same bytes, which
+  is checked) and :class:`~otel_verl.accelerated.otlp_encoding.JsonEncoder`, each with the
   conversion of the spans into records that the exporter makes before encoding
   (``records_of``), and the protobuf encoding of the records alone.
 
@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.version import __version__ as SDK_VERSION  # noqa: E402
 
 from otel_verl import events, health, settings  # noqa: E402
-from otel_verl.exporters.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of  # noqa: E402
+from otel_verl.accelerated.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of  # noqa: E402
 from otel_verl.instrumentation import tracing  # noqa: E402
 from otel_verl.semconv import Outcome, Stage  # noqa: E402
 

@@ -473,7 +473,7 @@ def _micro_pipeline(variant: str, trace_dir: str, endpoint: str) -> Any:
         provider.add_span_processor(TrajectoryJsonlProcessor(trace_dir, max_file_bytes=cfg.jsonl_max_bytes,
                                                              max_pending_bytes=cfg.max_queue_bytes))
     if level >= 4:
-        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
+        from otel_verl.accelerated.otlp_exporter import OtlpSpanExporter
 
         exporter = OtlpSpanExporter(endpoint=endpoint + "/v1/traces", protocol="http/protobuf")  # as the outputs module makes it
         provider.add_span_processor(outputs.batch_processor(exporter, "otlp", cfg, **outputs.bsp_options()))

@@ -83,7 +83,7 @@ def plan(cfg: settings_mod.Settings) -> List[Planned]:
 
     planned: List[Planned] = list(legacy.outputs(cfg))
     if cfg.write_otlp_files:
-        from otel_verl.exporters.batch import BatchExportProcessor
+        from otel_verl.accelerated.batch import BatchExportProcessor
         from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter
 
         # soon in the file: a process that dies leaves at most this much of its spans unwritten
@@ -94,10 +94,11 @@ def plan(cfg: settings_mod.Settings) -> List[Planned]:
     if metrics is not None:
         planned.append(metrics)
     if cfg.otlp_endpoint:
-        from otel_verl.exporters.batch import BatchExportProcessor
+        from otel_verl.accelerated.batch import BatchExportProcessor
 
-        planned.append((BatchExportProcessor, lambda: batch_processor(otlp_exporter(cfg), "otlp", cfg,
-                                                                      **bsp_options())))
+        # (the SDK's BatchSpanProcessor, OTEL_VERL_ACCELERATED=false, reads what this one reads)
+        make = batch_processor if cfg.accelerated else sdk_batch_processor
+        planned.append((BatchExportProcessor, lambda: make(otlp_exporter(cfg), "otlp", cfg, **bsp_options())))
     planned += _named_outputs(cfg)
     return planned
 
@@ -168,10 +169,10 @@ def otlp_exporter(cfg: settings_mod.Settings) -> Any:
     """The OTLP span exporter the standard variables ask for (endpoint, protocol, headers,
     timeout, compression, certificates), sending a batch as requests under the receivers'
     size limit: otel_verl's own (its encoders write the SDK encoder's bytes at a fraction
-    of its CPU), or with ``OTEL_VERL_OTLP_EXPORTER=sdk`` the SDK's."""
+    of its CPU), or with ``OTEL_VERL_ACCELERATED=false`` the SDK's."""
     protocol = settings_mod.otlp_protocol("TRACES")
-    if cfg.otlp_exporter != "sdk":
-        from otel_verl.exporters.otlp_exporter import OtlpSpanExporter
+    if cfg.accelerated:
+        from otel_verl.accelerated.otlp_exporter import OtlpSpanExporter
 
         return OtlpSpanExporter(protocol=protocol)
     from otel_verl.exporters.otlp import RequestSplittingExporter, sdk_exporter_arguments
@@ -181,7 +182,7 @@ def otlp_exporter(cfg: settings_mod.Settings) -> Any:
     elif protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:  # the SDK's HTTP exporter sends protobuf only
-        raise settings_mod.ConfigError(f"{settings_mod.OTLP_EXPORTER}=sdk: the SDK's exporters take grpc or "
+        raise settings_mod.ConfigError(f"{settings_mod.ACCELERATED}=false: the SDK's exporters take grpc or "
                                        f"http/protobuf, not {protocol!r}")
     return RequestSplittingExporter(OTLPSpanExporter(**sdk_exporter_arguments(protocol)))
 
@@ -192,17 +193,37 @@ def bsp_options() -> dict:
     (``OTEL_VERL_MAX_QUEUE_MB``): a 1024 x 16 step ends up to ~6k spans faster than one
     exporter thread on 2 cores sends them (batch stages end 1024 sample-stage spans at
     once, benchmarks/bench_collector_load.py), which the SDK's 2048 spans would drop."""
-    from otel_verl.exporters.batch import options_from_env
+    from otel_verl.accelerated.batch import options_from_env
 
     return {"schedule_delay_s": 5.0, **options_from_env()}
 
 
 def batch_processor(exporter: Any, output: str, cfg: settings_mod.Settings, **options: Any) -> Any:
     """A batch processor of ``exporter`` whose losses are counted under ``output``."""
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
 
     return BatchExportProcessor(exporter, output, max_queue_bytes=cfg.max_queue_bytes,
                                 shutdown_timeout_s=cfg.shutdown_timeout_s, **options)
+
+
+# the OpenTelemetry specification's defaults of OTEL_BSP_MAX_QUEUE_SIZE and _MAX_EXPORT_BATCH_SIZE
+SDK_BSP_MAX_QUEUE_SPANS = 2048
+SDK_BSP_MAX_BATCH = 512
+
+
+def sdk_batch_processor(exporter: Any, output: str, cfg: settings_mod.Settings, schedule_delay_s: float,
+                        max_queue_spans: int = SDK_BSP_MAX_QUEUE_SPANS, max_batch: int = SDK_BSP_MAX_BATCH) -> Any:
+    """The SDK's ``BatchSpanProcessor`` with the ``OTEL_BSP_*`` values of :func:`bsp_options`
+    (a bad one left out there, with a warning: the SDK's default applies). Its queue is bounded
+    in spans, not bytes, and it drops the spans it cannot queue, or its exporter did not
+    deliver, with a log line and no count otel_verl could report (``otel_verl.health``, the
+    loss file): what ``OTEL_VERL_ACCELERATED=false`` trades for the SDK's own code."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    # the SDK refuses a delay of 0 (otel_verl's: export at once) and a batch over the queue
+    return BatchSpanProcessor(exporter, max_queue_size=max_queue_spans,
+                              schedule_delay_millis=max(1.0, schedule_delay_s * 1000),
+                              max_export_batch_size=min(max_batch, max_queue_spans))
 
 
 # --------------------------------------------------------------------------- metrics
@@ -229,7 +250,8 @@ def _metrics_plan(cfg: settings_mod.Settings) -> Optional[Planned]:
 
     endpoint = _metrics_endpoint()
     return SpanMetricsProcessor, lambda: SpanMetricsProcessor(lambda: _metric_exporters(cfg, wanted, endpoint),
-                                                              shutdown_timeout_s=cfg.shutdown_timeout_s)
+                                                              shutdown_timeout_s=cfg.shutdown_timeout_s,
+                                                              accelerated=cfg.accelerated)
 
 
 def metrics_processor(cfg: settings_mod.Settings) -> Any:

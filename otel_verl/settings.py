@@ -43,8 +43,8 @@ MAX_OPEN_SAMPLES = "OTEL_VERL_MAX_OPEN_SAMPLES"
 MAX_QUEUE_MB = "OTEL_VERL_MAX_QUEUE_MB"  # each queue between the traced code and a file or endpoint
 JSONL_MAX_TEXT_CHARS = "OTEL_VERL_JSONL_MAX_TEXT_CHARS"
 OTLP_FILE = "OTEL_VERL_OTLP_FILE"  # 1/0: force the embedded OTLP-JSON files on/off
-OTLP_EXPORTER = "OTEL_VERL_OTLP_EXPORTER"  # otel_verl (its own encoders, the default) or sdk (the SDK's exporters)
-OTLP_EXPORTERS = ("otel_verl", "sdk")
+ACCELERATED = "OTEL_VERL_ACCELERATED"  # true (default): otel_verl.accelerated; false: the SDK's own parts
+DEPRECATED_OTLP_EXPORTER = "OTEL_VERL_OTLP_EXPORTER"  # read as ACCELERATED: sdk is false, otel_verl true
 OUTPUTS = "OTEL_VERL_OUTPUTS"  # more outputs: module:Class names, comma-separated (otel_verl.outputs.Output)
 OFFLOAD = "OTEL_VERL_OFFLOAD"  # 1/0: outputs written by an export process (otel_verl.offload) in every process / none; default: rollout workers and the trainer
 SHUTDOWN_TIMEOUT_S = "OTEL_VERL_SHUTDOWN_TIMEOUT_S"  # seconds a flush or shutdown may take, all outputs together
@@ -157,14 +157,30 @@ def _capture_content(env: Mapping[str, str], name: str, default: bool) -> bool:
                       "EVENT_ONLY, SPAN_AND_EVENT")
 
 
-def _otlp_exporter(env: Mapping[str, str], name: str, default: str) -> str:
+_ACCELERATED_BY_OTLP_EXPORTER = {"otel_verl": True, "sdk": False}
+
+
+def _accelerated(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """Whether otel_verl's accelerators (:mod:`otel_verl.accelerated`) stand in for the SDK's
+    parts: ``name`` as a 1/0-style flag (blank is unset: the default is on), else the
+    deprecated ``OTEL_VERL_OTLP_EXPORTER`` (``sdk``: false, ``otel_verl``: true), read with
+    one warning."""
     raw = env.get(name)
-    if raw is None or raw.strip() == "":
+    if raw is not None and raw.strip():
+        if env.get(DEPRECATED_OTLP_EXPORTER) is not None:
+            _warn_once(DEPRECATED_OTLP_EXPORTER, env[DEPRECATED_OTLP_EXPORTER],
+                       f"otel_verl: {DEPRECATED_OTLP_EXPORTER} is deprecated and ignored: {name} is set")
+        return _flag(env, name, default)
+    old = env.get(DEPRECATED_OTLP_EXPORTER)
+    if old is None or not old.strip():
         return default
-    value = raw.strip().lower()
-    if value not in OTLP_EXPORTERS:
-        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(OTLP_EXPORTERS)}")
-    return value
+    accelerated = _ACCELERATED_BY_OTLP_EXPORTER.get(old.strip().lower())
+    if accelerated is None:
+        raise ConfigError(f"{DEPRECATED_OTLP_EXPORTER}={old!r}: expected one of "
+                          f"{', '.join(_ACCELERATED_BY_OTLP_EXPORTER)}")
+    _warn_once(DEPRECATED_OTLP_EXPORTER, old, f"otel_verl: {DEPRECATED_OTLP_EXPORTER}={old.strip()} is deprecated; "
+               f"read as {name}={str(accelerated).lower()}")
+    return accelerated
 
 
 _OUTPUT_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -243,8 +259,8 @@ class Settings:
     offload: Optional[bool] = None  # None: decided by role
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # one flush or shutdown, every output together
     jsonl_max_text_chars: int = DEFAULT_JSONL_MAX_TEXT_CHARS  # each text of a trajectory JSONL line is cut there
-    otlp_exporter: str = "otel_verl"  # whose OTLP span exporter: otel_verl's own, or the SDK's
     outputs: Tuple[str, ...] = ()  # more outputs, as module:Class names (otel_verl.outputs)
+    accelerated: bool = True  # otel_verl's OTLP exporter, batch processor and metric aggregation, or the SDK's
 
     def offloads(self, role: str) -> bool:
         """Whether a process of ``role`` writes its outputs from an export process
@@ -343,8 +359,8 @@ def load(env: Optional[Mapping[str, str]] = None, trace_dir: Optional[str] = Non
         sdk_disabled=_flag(env, SDK_DISABLED, False),
         offload=optional(_tristate, OFFLOAD, None, shown="rollout workers and the trainer"),
         shutdown_timeout_s=optional(_positive_seconds, SHUTDOWN_TIMEOUT_S, DEFAULT_SHUTDOWN_TIMEOUT_S),
-        otlp_exporter=optional(_otlp_exporter, OTLP_EXPORTER, "otel_verl"),
         outputs=optional(_output_names, OUTPUTS, ()),
+        accelerated=optional(_accelerated, ACCELERATED, True, shown="true"),
     )
 
 

@@ -138,7 +138,7 @@ class Outputs:
 
     def __init__(self) -> None:
         from otel_verl import bootstrap
-        from otel_verl.exporters.batch import BatchExportProcessor
+        from otel_verl.accelerated.batch import BatchExportProcessor
 
         processors = bootstrap.span_processors()
         self.legacy = [p for p in processors if getattr(p, "writer", None) is not None]

@@ -98,6 +98,8 @@ def test_core_switch_bad_value_raises_even_in_process():
     ("OTEL_VERL_OTLP_FILE", "yes please", "otlp_file", None),
     ("OTEL_VERL_OFFLOAD", "sometimes", "offload", None),
     ("OTEL_VERL_SHUTDOWN_TIMEOUT_S", "soon", "shutdown_timeout_s", settings.DEFAULT_SHUTDOWN_TIMEOUT_S),
+    ("OTEL_VERL_ACCELERATED", "fast", "accelerated", True),
+    ("OTEL_VERL_OTLP_EXPORTER", "jaeger", "accelerated", True),  # the deprecated name of the same setting
 ])
 def test_bad_optional_value_in_process_falls_back_with_one_warning(name, bad, field, default, caplog, monkeypatch):
     monkeypatch.setattr(settings, "_warned", set())

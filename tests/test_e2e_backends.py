@@ -768,7 +768,7 @@ def test_collector_load_benchmark_quick_loses_no_span(tmp_path):
 BSP_PROBE = """
 import json
 from otel_verl import bootstrap
-from otel_verl.exporters.batch import BatchExportProcessor
+from otel_verl.accelerated.batch import BatchExportProcessor
 assert bootstrap.configure(role="trainer")
 out = {p.output: [p.max_queue_bytes, p.max_queue_spans, p.max_batch]
        for p in bootstrap.span_processors() if isinstance(p, BatchExportProcessor)}

@@ -527,7 +527,7 @@ def test_a_raising_processor_in_a_plain_sdk_provider_never_reaches_the_caller(ma
 def test_batch_processor_shutdown_timeout_counts_what_is_left(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
 
     class Stuck(SpanExporter):
         def __init__(self):
@@ -560,7 +560,7 @@ def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
     timeout (here 10 batches of 0.5 s each); otel_verl's keeps it."""
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
 
     class Slow(SpanExporter):
         def __init__(self):
@@ -589,7 +589,7 @@ def test_a_flush_through_the_provider_keeps_its_timeout(make_pipeline):
 def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
     from otel_verl.sampling import IsolatingSpanProcessor
 
     release = threading.Event()
@@ -635,7 +635,7 @@ def test_shutdown_gives_every_processor_one_deadline_and_counts_what_is_left(mak
 def test_spans_dropped_from_a_full_queue_are_counted_when_dropped(make_pipeline):
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from otel_verl.exporters.batch import BatchExportProcessor
+    from otel_verl.accelerated.batch import BatchExportProcessor
 
     class Slow(SpanExporter):
         def __init__(self):

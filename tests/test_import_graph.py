@@ -1,5 +1,6 @@
-"""The import graph of otel_verl (outside demo/): no cycle, and the instrumentation never
-reaches the configurator.
+"""The import graph of otel_verl (outside demo/): no cycle, the instrumentation never
+reaches the configurator, and otel_verl's accelerators (``otel_verl.accelerated``) reach
+neither.
 
 Every ``import`` / ``from ... import`` of an otel_verl module counts, at module level or
 inside a function (an import moved into a function to dodge a cycle is still an edge),
@@ -265,6 +266,24 @@ def test_the_export_process_knows_no_legacy_type():
     edges = import_graph()
     found = [f"{src} -> {dst} ({where})" for src, dst, where in edges
              if _within(src, ("otel_verl.offload",)) and _within(dst, LEGACY)]
+    assert not found, "\n".join(found)
+
+
+ACCELERATED = ("otel_verl.accelerated",)
+
+
+def test_the_accelerators_import_no_configurator_legacy_output_events_or_instrumentation():
+    """otel_verl's stand-ins for parts of the SDK are parts of outputs only: nothing they
+    reach, directly or not, is the configurator, a legacy output, the events API or a wrapper
+    of verl."""
+    edges = import_graph()
+    starts = sorted({src for src, _, _ in edges if _within(src, ACCELERATED)})
+    assert "otel_verl.accelerated.otlp_exporter" in starts and "otel_verl.accelerated.batch" in starts
+    found = []
+    for start in starts:
+        reached = _reachable(start, edges)
+        found += [_path(start, goal, reached) for goal in sorted(reached)
+                  if _within(goal, CONFIGURATOR + LEGACY + INSTRUMENTATION)]
     assert not found, "\n".join(found)
 
 

@@ -289,7 +289,7 @@ def test_the_aggregation_equals_the_sdks_on_the_same_spans(make_pipeline, seed):
 
 
 def test_attribute_sets_past_the_cardinality_limit_share_one_overflow_series(reader):
-    from otel_verl.exporters.metric_aggregation import CARDINALITY_LIMIT
+    from otel_verl.accelerated.metric_aggregation import CARDINALITY_LIMIT
 
     with events.trajectory("u1", "t1", step=1, agent_name="a"):
         for i in range(CARDINALITY_LIMIT + 5):
@@ -337,6 +337,30 @@ def test_settings_only_the_sdk_has_go_through_its_meter_provider(make_pipeline, 
     assert isinstance(processor.owned, MeterProvider)
     assert processor.force_flush() and exporter.exported
     processor.shutdown()
+
+
+@pytest.mark.parametrize("accelerated", ["false", "true"])
+def test_not_accelerated_the_metrics_go_through_the_sdks_meter_provider(tmp_path, monkeypatch, make_pipeline,
+                                                                       accelerated):
+    """``OTEL_VERL_ACCELERATED=false``: the SDK's instruments and aggregation, into the same
+    files; by default otel_verl's own aggregation."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_verl.accelerated.metric_aggregation import PeriodicExport
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRICS_EXPORTER",
+                 "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                 "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION", "OTEL_METRICS_EXEMPLAR_FILTER"):
+        monkeypatch.delenv(name, raising=False)
+    processor = outputs.metrics_processor(_cfg({settings.TRACE_DIR: str(tmp_path),
+                                                   settings.ACCELERATED: accelerated}))
+    make_pipeline([processor])
+    _trajectory()
+    assert isinstance(processor.owned, MeterProvider if accelerated == "false" else PeriodicExport)
+    processor.shutdown()
+    (path,) = glob.glob(str(tmp_path / bootstrap.METRICS_FILES_DIR / "metrics-*.jsonl"))
+    assert '"verl.trajectory.duration"' in open(path, encoding="utf-8").read()
 
 
 def test_readers_that_cannot_be_built_are_one_failure_and_no_metrics(make_pipeline):
@@ -423,7 +447,7 @@ def test_a_loss_is_collected_within_a_second_or_so_without_a_flush():
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport
+    from otel_verl.accelerated.metric_aggregation import Aggregation, PeriodicExport
 
     aggregation = Aggregation(Resource.create({}), InstrumentationScope(m.METER_NAME))
     m._Instruments(aggregation, m._sampled_span)

@@ -1,6 +1,7 @@
-"""OTLP through the SDK's exporters (``OTEL_VERL_OTLP_EXPORTER=sdk``): a batch cut into
+"""OTLP through the SDK's exporters (``OTEL_VERL_ACCELERATED=false``): a batch cut into
 requests under the receivers' size limit, text the SDK's encoder fails on repaired, and
-only the spans not delivered counted as lost."""
+only the spans not delivered counted as lost; the SDK's own batch processor then, and the
+spans still reaching a receiver."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import fault_workload as w
 from otel_verl import bootstrap, health, outputs, settings
+from otel_verl.accelerated.batch import BatchExportProcessor
+from otel_verl.accelerated.otlp_exporter import MAX_REQUEST_BYTES
 from otel_verl.exporters.otlp import RequestSplittingExporter
-from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES
-from otel_verl.exporters.batch import BatchExportProcessor
 
 from test_otlp_exporter import demo_spans, receiver  # noqa: F401  (receiver: a fixture)
 from test_otlp_json_file import make_spans
@@ -207,7 +208,7 @@ def test_credentials_in_the_endpoint_go_as_otel_verls_exporter_sends_them(receiv
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "5")
     if explicit:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20t0ken")
-    monkeypatch.setenv("OTEL_VERL_OTLP_EXPORTER", "sdk")
+    monkeypatch.setenv("OTEL_VERL_ACCELERATED", "false")
     exporter = outputs.otlp_exporter(settings.load())
     try:
         assert exporter.export(demo_spans(1)) is SpanExportResult.SUCCESS
@@ -216,3 +217,88 @@ def test_credentials_in_the_endpoint_go_as_otel_verls_exporter_sends_them(receiv
     (request,) = server.requests()
     basic = "Basic " + base64.b64encode(b"verl:s3cr@t").decode()
     assert request["headers"]["authorization"] == ("Bearer t0ken" if explicit else basic)
+
+
+def _otlp_env(**env: str) -> dict:
+    """The variables of an OTLP run, as ``settings.load`` reads them."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            **env}
+
+
+def test_not_accelerated_builds_the_sdks_exporter_and_batch_processor(tmp_path, monkeypatch):
+    """``OTEL_VERL_ACCELERATED=false``: OTLP goes through the SDK's ``OTLPSpanExporter`` and
+    ``BatchSpanProcessor``, the OTLP-JSON files keep otel_verl's batching (an output of its
+    own), the metrics the SDK's ``MeterProvider``; the default is otel_verl's accelerators."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from otel_verl.accelerated.otlp_exporter import OtlpSpanExporter
+    from otel_verl.exporters.metrics import SpanMetricsProcessor
+
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    # a queue bound under the SDK's default batch of 512, which the SDK alone would refuse
+    env = _otlp_env(VERL_TRACE_DIR=str(tmp_path), OTEL_VERL_OTLP_FILE="1", OTEL_BSP_MAX_QUEUE_SIZE="100")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for accelerated in ("false", "true"):
+        monkeypatch.setenv("OTEL_VERL_ACCELERATED", accelerated)
+        processors = outputs.build(settings.load())
+        try:
+            otlp = [p for p in processors if isinstance(p, (BatchSpanProcessor, BatchExportProcessor))
+                    and getattr(p, "output", "otlp") == "otlp"]
+            assert len(otlp) == 1
+            if accelerated == "false":
+                assert isinstance(otlp[0], BatchSpanProcessor)
+                assert isinstance(otlp[0].span_exporter, RequestSplittingExporter)
+                assert isinstance(otlp[0].span_exporter.exporter, OTLPSpanExporter)
+            else:
+                assert isinstance(otlp[0], BatchExportProcessor) and isinstance(otlp[0].exporter, OtlpSpanExporter)
+            files = [p for p in processors if getattr(p, "output", None) == "otlp_json_file"]
+            assert len(files) == 1 and isinstance(files[0], BatchExportProcessor)
+            (metrics,) = [p for p in processors if isinstance(p, SpanMetricsProcessor)]
+            assert metrics.accelerated is (accelerated == "true")
+        finally:
+            for processor in processors:
+                processor.shutdown()
+
+
+_NOT_ACCELERATED_WORKLOAD = """
+    import json
+    import otel_verl
+    from opentelemetry import trace
+    from otel_verl import bootstrap, events, health
+
+    assert otel_verl.configure()
+    print("PROCESSORS " + json.dumps(sorted(type(p).__name__ for p in bootstrap.span_processors())))
+    for i in range(3):  # the events API's spans, which reach the outputs as otel_verl's span records
+        with events.trajectory(f"u{{i}}", "0", step=1, agent_name="a"):
+            with events.llm_call([1, 2]) as turn:
+                turn.finish([3], stop_reason="stop")
+    trace.get_tracer("test").start_span("sdk span").end()  # and an SDK span
+    otel_verl.shutdown()
+    print("RESULT " + json.dumps(health.snapshot()))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("protocol, receiver", [("grpc", "grpc_capture"), ("http/protobuf", "capture")])
+@pytest.mark.parametrize("offload", ["0", "1"])
+def test_not_accelerated_spans_reach_a_receiver_through_the_sdks_batch_processor(tmp_path, protocol, receiver,
+                                                                                  offload):
+    """configure() with ``OTEL_VERL_ACCELERATED=false`` against a real receiver: the SDK's
+    ``BatchSpanProcessor`` and exporter take otel_verl's span records and the SDK's spans
+    alike, in the process and in its export process (where every span is a record)."""
+    capture = tmp_path / "capture.bin"
+    with w.fault_server(receiver, str(capture)) as port:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+               "OTEL_VERL_ACCELERATED": "false", "OTEL_VERL_OFFLOAD": offload,
+               "OTEL_METRICS_EXPORTER": "none"}  # the receiver's file holds trace requests only
+        proc = w.run_python(_NOT_ACCELERATED_WORKLOAD.format(), env, timeout=100)
+    assert w.parse_result(proc.stdout) == {"failures": {}, "dropped": {}}
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("PROCESSORS ")]
+    if offload == "0":
+        assert "BatchSpanProcessor" in line and "BatchExportProcessor" not in line
+    names = [span.name for request in _captured_requests(capture) for span in span_messages(request)]
+    assert sorted(names) == sorted(["chat"] * 3 + ["invoke_agent a"] * 3 + ["sdk span"])
+

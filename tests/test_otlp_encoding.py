@@ -28,8 +28,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from otel_verl import health
-from otel_verl.exporters import otlp_encoding
-from otel_verl.exporters.otlp_encoding import (
+from otel_verl.accelerated import otlp_encoding
+from otel_verl.accelerated.otlp_encoding import (
     JsonEncoder,
     ProtobufEncoder,
     encode_json,

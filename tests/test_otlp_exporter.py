@@ -33,9 +33,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from otel_verl import health
-from otel_verl.exporters.batch import BatchExportProcessor
-from otel_verl.exporters.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of
-from otel_verl.exporters.otlp_exporter import OtlpSettings, OtlpSpanExporter
+from otel_verl.accelerated.batch import BatchExportProcessor
+from otel_verl.accelerated.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of
+from otel_verl.accelerated.otlp_exporter import OtlpSettings, OtlpSpanExporter
 from otel_verl.exporters.otlp_json_file import to_protobuf_json
 
 from otel_binaries import jaeger_server, otelcol_factory  # noqa: F401  (fixtures)

@@ -22,6 +22,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 from opentelemetry.trace import set_span_in_context
 
 from otel_verl import events, health
+from otel_verl.accelerated.batch import BatchExportProcessor
 from otel_verl.exporters.otlp_json_file import (
     OtlpJsonFileExporter,
     read_otlp_json_lines,
@@ -30,7 +31,6 @@ from otel_verl.exporters.otlp_json_file import (
     spans_from_files,
     to_protobuf_json,
 )
-from otel_verl.exporters.batch import BatchExportProcessor
 
 ATTRS = {
     "s": "text é 世界",

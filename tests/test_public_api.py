@@ -27,7 +27,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "otel_verl"
 NOT_OPENTELEMETRY = {
     "otel_verl/activation.py": {"_otel_verl_patched"},  # our mark on ray.init
     "otel_verl/bootstrap.py": {"_otel_verl_follows"},  # our mark on ray.init
-    "otel_verl/exporters/batch.py": {"_after_fork_in_child"},  # a BatchExportProcessor's
+    "otel_verl/accelerated/batch.py": {"_after_fork_in_child"},  # a BatchExportProcessor's
     "otel_verl/exporters/loss_file.py": {"_after_fork_in_child"},  # a LossFileProcessor's
     "otel_verl/exporters/_writer.py": {"_after_fork_in_child"},  # a BackgroundWriter's
     "otel_verl/offload/forwarder.py": {"_after_fork_in_child"},  # an OffloadSpanProcessor's

@@ -35,8 +35,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from otel_verl import events, health, legacy, outputs, settings
 from otel_verl import semconv as sc
+from otel_verl.accelerated.otlp_encoding import ProtobufEncoder, records_of
 from otel_verl.legacy import progress_log, sample_csv, trajectory_jsonl
-from otel_verl.exporters.otlp_encoding import ProtobufEncoder, records_of
 from otel_verl.exporters.otlp_json_file import OtlpJsonFileExporter, spans_from_files
 from otel_verl.exporters.otlp_json_metrics import OtlpJsonMetricFileExporter
 from otel_verl.legacy.sample_csv import SampleCsvProcessor
@@ -262,9 +262,9 @@ def otlp_http_receiver():
     server.server_close()
 
 
-@pytest.mark.parametrize("which", ["otel_verl", "sdk"])  # OTEL_VERL_OTLP_EXPORTER: its own encoder, the SDK's
+@pytest.mark.parametrize("accelerated", ["true", "false"])  # OTEL_VERL_ACCELERATED: its own encoder, the SDK's
 def test_a_lone_surrogate_in_an_error_message_costs_no_batch_of_the_otlp_exporter(failed_batch, otlp_http_receiver,
-                                                                                   monkeypatch, which):
+                                                                                   monkeypatch, accelerated):
     url, bodies = otlp_http_receiver
     for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_HEADERS",
                  "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_COMPRESSION",
@@ -272,7 +272,7 @@ def test_a_lone_surrogate_in_an_error_message_costs_no_batch_of_the_otlp_exporte
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)
-    monkeypatch.setenv("OTEL_VERL_OTLP_EXPORTER", which)
+    monkeypatch.setenv("OTEL_VERL_ACCELERATED", accelerated)
     exporter = outputs.otlp_exporter(settings.load())  # what a run with an endpoint sends through
     try:
         result = exporter.export(failed_batch)

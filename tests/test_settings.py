@@ -1,6 +1,7 @@
 """otel_verl's variable names: a misspelt ``OTEL_VERL_*`` setting is named with the closest
 known one, refused where the user types it (``otel-verl run``, ``doctor``), a warning in a
-traced process; every name the project itself uses is known."""
+traced process; every name the project itself uses is known; ``OTEL_VERL_ACCELERATED`` and
+the deprecated name it replaces."""
 
 import os
 import re
@@ -53,6 +54,48 @@ def test_unknown_name_in_a_traced_process_is_one_warning_and_tracing_goes_on(cap
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warning == ("otel_verl: OTEL_VERL_OFLOAD is not a setting of otel_verl; did you mean OTEL_VERL_OFFLOAD?; "
                        "ignored, tracing goes on")
+
+
+@pytest.mark.parametrize("env, accelerated", [
+    ({}, True),
+    ({"OTEL_VERL_ACCELERATED": "false"}, False),
+    ({"OTEL_VERL_ACCELERATED": "0"}, False),
+    ({"OTEL_VERL_ACCELERATED": " True "}, True),
+    ({"OTEL_VERL_ACCELERATED": ""}, True),  # blank is unset: the accelerators stay on
+])
+def test_accelerated_is_a_flag_on_by_default(env, accelerated, caplog):
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        assert settings.load(env, strict=True).accelerated is accelerated
+    assert not caplog.records
+
+
+def test_a_bad_accelerated_value_is_refused_where_the_user_types_it():
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_ACCELERATED='fast': expected one of 1/0, true/false"):
+        settings.load({"OTEL_VERL_ACCELERATED": "fast"}, strict=True)
+    with pytest.raises(settings.ConfigError, match="OTEL_VERL_OTLP_EXPORTER='jaeger': expected one of otel_verl, sdk"):
+        settings.load({"OTEL_VERL_OTLP_EXPORTER": "jaeger"}, strict=True)
+
+
+@pytest.mark.parametrize("old, accelerated", [("sdk", False), ("SDK", False), ("otel_verl", True)])
+def test_the_deprecated_otlp_exporter_variable_maps_to_accelerated_with_one_warning(old, accelerated, caplog,
+                                                                                    monkeypatch):
+    monkeypatch.setattr(settings, "_warned", set())
+    env = {"VERL_TRACE_DIR": "/t", "OTEL_VERL_OTLP_EXPORTER": old}
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        assert settings.load(env).accelerated is accelerated
+        assert settings.load(env, strict=True).accelerated is accelerated  # known: the CLI does not refuse it
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == (f"otel_verl: OTEL_VERL_OTLP_EXPORTER={old} is deprecated; "
+                       f"read as OTEL_VERL_ACCELERATED={str(accelerated).lower()}")
+
+
+def test_accelerated_set_wins_over_the_deprecated_variable(caplog, monkeypatch):
+    monkeypatch.setattr(settings, "_warned", set())
+    env = {"OTEL_VERL_ACCELERATED": "true", "OTEL_VERL_OTLP_EXPORTER": "sdk"}
+    with caplog.at_level("WARNING", logger="otel_verl"):
+        assert settings.load(env).accelerated is True
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == "otel_verl: OTEL_VERL_OTLP_EXPORTER is deprecated and ignored: OTEL_VERL_ACCELERATED is set"
 
 
 def test_run_refuses_a_misspelt_setting_before_the_command(tmp_path):

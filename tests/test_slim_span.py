@@ -198,7 +198,7 @@ def test_a_span_ends_as_the_one_record_every_output_reads():
     bytes for it as for the SDK's own span."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from otel_verl.exporters.otlp_encoding import ProtobufEncoder, records_of
+    from otel_verl.accelerated.otlp_encoding import ProtobufEncoder, records_of
     from otel_verl.record import SpanRecord
 
     pipeline = Pipeline()

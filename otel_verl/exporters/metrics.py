@@ -6,7 +6,7 @@ process where a rollout worker offloads them). What is recorded, with which attr
 the "Metrics" section of ``docs/SPANS.md``. Attributes are the few low-cardinality ones a
 dashboard groups by (stage, agent, model, tool, outcome); never a uid, traj_uid or step.
 
-Their aggregation (:mod:`otel_verl.exporters.metric_aggregation`) is built on the first span
+Their aggregation (:mod:`otel_verl.accelerated.metric_aggregation`) is built on the first span
 end, with that span's resource (in an export process, the served process's), so the metrics
 and the traces name the same service. It also observes otel_verl's own loss and failure
 counters (:mod:`otel_verl.health`) at every collection, so a loss shows in the backend
@@ -26,8 +26,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import StatusCode
 
 from otel_verl import health, semconv as sc, server_timing
+from otel_verl.accelerated.metric_aggregation import Aggregation, PeriodicExport, sampled_span, unsupported
 from otel_verl.deadline import Call, Deadline
-from otel_verl.exporters.metric_aggregation import Aggregation, PeriodicExport, sampled_span, unsupported
 from otel_verl.payload import payload_of
 from otel_verl.semconv import Subject
 
@@ -68,12 +68,13 @@ ExportersFactory = Callable[[], List[Any]]
 
 class SpanMetricsProcessor(SpanProcessor):
     """Records the metrics of ``docs/SPANS.md`` ("Metrics") at span ends into an
-    :class:`~otel_verl.exporters.metric_aggregation.Aggregation` exported to the metric
+    :class:`~otel_verl.accelerated.metric_aggregation.Aggregation` exported to the metric
     exporters ``make_exporters`` builds (on the first span end: exporters that open files
     or connections are not built for a process that ends no span), through the SDK's
-    ``MeterProvider`` where the environment asks what only it does, or into the user's
-    ``meter_provider`` (``VerlInstrumentor().instrument(meter_provider=...)``), which stays
-    theirs to flush and shut down."""
+    ``MeterProvider`` where the environment asks what only it does or ``accelerated`` is
+    false (``OTEL_VERL_ACCELERATED=false``), or into the user's ``meter_provider``
+    (``VerlInstrumentor().instrument(meter_provider=...)``), which stays theirs to flush and
+    shut down."""
 
     on_start_subjects: frozenset = frozenset()  # reads ends only
     finish_order = 1  # after the span outputs: the last collection has their losses
@@ -84,9 +85,10 @@ class SpanMetricsProcessor(SpanProcessor):
     })
 
     def __init__(self, make_exporters: Optional[ExportersFactory] = None, *, meter_provider: Any = None,
-                 shutdown_timeout_s: float = 10.0) -> None:
+                 shutdown_timeout_s: float = 10.0, accelerated: bool = True) -> None:
         self.make_exporters = make_exporters
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.accelerated = accelerated
         self.users_provider = meter_provider
         # what this processor built and owns: a PeriodicExport, or the SDK's MeterProvider
         self.owned: Any = None
@@ -125,7 +127,8 @@ class SpanMetricsProcessor(SpanProcessor):
         if self.users_provider is not None:
             return self.users_provider.get_meter(METER_NAME), _exemplar_context
         exporters = self.make_exporters()
-        if unsupported():  # not the global provider: the span's resource, and flushed with the other outputs
+        # not the global provider: the span's resource, and flushed with the other outputs
+        if not self.accelerated or unsupported():
             from opentelemetry.sdk.metrics import MeterProvider
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 

@@ -1,4 +1,4 @@
-"""OTLP export through the SDK's own exporters (``OTEL_VERL_OTLP_EXPORTER=sdk``), a batch
+"""OTLP export through the SDK's own exporters (``OTEL_VERL_ACCELERATED=false``), a batch
 sent as requests of bounded size.
 
 OTLP/gRPC receivers refuse a message over 4 MiB by default (the Collector's, Jaeger's
@@ -7,7 +7,7 @@ characters a span) passes that long before the batch processor's 512 spans, and 
 whole batch would be lost. :class:`RequestSplittingExporter` wraps any ``SpanExporter``
 (``OTLPSpanExporter`` of the gRPC or HTTP package, unmodified) and hands it the batch in
 chunks whose size stays under the limit (the bound of
-:func:`otel_verl.exporters.otlp_encoding.size_bound`, which otel_verl's own exporter cuts
+:func:`otel_verl.accelerated.otlp_encoding.size_bound`, which otel_verl's own exporter cuts
 its requests by too), with text the SDK's encoder would fail the whole request on (a
 lone surrogate) repaired first.
 
@@ -23,8 +23,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import health
-from otel_verl.exporters.otlp_encoding import records_of, request_chunks, well_formed_record
-from otel_verl.exporters.otlp_exporter import MAX_REQUEST_BYTES, OtlpSettings
+from otel_verl.accelerated.otlp_encoding import records_of, request_chunks, well_formed_record
+from otel_verl.accelerated.otlp_exporter import MAX_REQUEST_BYTES, OtlpSettings
 
 
 def sdk_exporter_arguments(protocol: str, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
@@ -46,7 +46,7 @@ class RequestSplittingExporter(SpanExporter):
     The first request that fails ends the batch: against a refusing or unreachable
     endpoint every further request would wait out the exporter's timeout and retries
     again. ``failed_spans`` says how many spans of the last batch were not delivered, so
-    that the batch processor (:class:`otel_verl.exporters.batch.BatchExportProcessor`)
+    that the batch processor (:class:`otel_verl.accelerated.batch.BatchExportProcessor`)
     counts those rather than the whole batch."""
 
     def __init__(self, exporter: SpanExporter, max_request_bytes: int = MAX_REQUEST_BYTES) -> None:

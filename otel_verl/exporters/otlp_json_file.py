@@ -10,7 +10,7 @@ OTLP/HTTP endpoint as ``application/json``, parsed by protobuf's ``json_format``
 :func:`to_protobuf_json` (plain proto3 JSON wants base64 ids), or read back here with
 :func:`read_otlp_json_lines` / :func:`spans_from_files`.
 
-The line is written by :class:`otel_verl.exporters.otlp_encoding.JsonEncoder`, the encoder
+The line is written by :class:`otel_verl.accelerated.otlp_encoding.JsonEncoder`, the encoder
 of OTLP/HTTP JSON too: the objects that the SDK's OTLP encoder followed by protobuf's
 ``MessageToDict`` gives (:func:`resource_spans_via_sdk`, which the tests compare it with),
 at a fraction of the CPU: the exporter runs on a thread that shares the GIL with the
@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_verl import health
+from otel_verl.accelerated.otlp_encoding import JsonEncoder, records_of
 from otel_verl.exporters._writer import FILE_MODE, REOPEN_CHECK_S, OpenFile, append_whole, make_dirs, output_pid
-from otel_verl.exporters.otlp_encoding import JsonEncoder, records_of
 
 logger = logging.getLogger("otel_verl")
 

@@ -45,8 +45,8 @@ from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Tup
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_verl import forks, health
+from otel_verl.accelerated.batch import span_bytes
 from otel_verl.exporters._writer import DEFAULT_MAX_PENDING_BYTES
-from otel_verl.exporters.batch import span_bytes
 from otel_verl.offload import wire
 from otel_verl.payload import payload_of
 from otel_verl.sampling import IsolatingSpanProcessor

@@ -2,11 +2,11 @@
 
 :class:`OtlpSpanExporter` is a ``SpanExporter`` taking otel_verl's span records (SDK
 ``ReadableSpan``s are converted) and sending them over OTLP/gRPC, OTLP/HTTP protobuf or
-OTLP/HTTP JSON, encoded by :mod:`otel_verl.exporters.otlp_encoding` (the SDK encoder's
+OTLP/HTTP JSON, encoded by :mod:`otel_verl.accelerated.otlp_encoding` (the SDK encoder's
 bytes at a fraction of its CPU). It cuts a batch into requests under the receivers' 4 MiB
 limit (gRPC's default receive limit in the Collector, Jaeger and Tempo) and says how many
 spans of the last batch were not delivered (``failed_spans``, read by
-:class:`otel_verl.exporters.batch.BatchExportProcessor`).
+:class:`otel_verl.accelerated.batch.BatchExportProcessor`).
 
 Settings: an argument given to the constructor wins; else the signal's variable
 (``OTEL_EXPORTER_OTLP_TRACES_*``), else the general one (``OTEL_EXPORTER_OTLP_*``), read
@@ -59,8 +59,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
 from otel_verl import health
+from otel_verl.accelerated.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of
 from otel_verl.settings import OTLP_PROTOCOLS
-from otel_verl.exporters.otlp_encoding import JsonEncoder, ProtobufEncoder, records_of
 from otel_verl.version import __version__
 
 logger = logging.getLogger("otel_verl")
@@ -238,7 +238,7 @@ class OtlpSpanExporter(SpanExporter):
 
     def _report(self, kind: str, error: str) -> None:
         """Log why an export failed, once per kind of error (the loss itself is counted
-        by the caller, :class:`~otel_verl.exporters.batch.BatchExportProcessor`)."""
+        by the caller, :class:`~otel_verl.accelerated.batch.BatchExportProcessor`)."""
         if kind in self._reported or len(self._reported) >= 100:
             return
         self._reported.add(kind)
