@@ -359,7 +359,7 @@ def test_not_accelerated_the_metrics_go_through_the_sdks_meter_provider(tmp_path
     _trajectory()
     assert isinstance(processor.owned, MeterProvider if accelerated == "false" else PeriodicExport)
     processor.shutdown()
-    (path,) = glob.glob(str(tmp_path / bootstrap.METRICS_FILES_DIR / "metrics-*.jsonl"))
+    (path,) = glob.glob(str(tmp_path / outputs.METRICS_FILES_DIR / "metrics-*.jsonl"))
     assert '"verl.trajectory.duration"' in open(path, encoding="utf-8").read()
 
 
