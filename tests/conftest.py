@@ -10,6 +10,17 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/ helpers (otel_binaries, ...)
 
+# The test modules of the offline tools (the report, the span store, replay): they read
+# files with chDB, not spans through the OpenTelemetry SDK, so the lowest-versions run
+# (scripts/test-lowest.sh) leaves them out, by the marker they get here
+TOOLS_MODULES = ("test_report", "test_store", "test_tools_hostile_input", "test_dashboard_clickhouse")
+
+
+def pytest_collection_modifyitems(items: List[Any]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.startswith(TOOLS_MODULES):
+            item.add_marker(pytest.mark.tools)
+
 
 class Pipeline:
     """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler, the

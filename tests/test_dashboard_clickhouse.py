@@ -18,7 +18,6 @@ import collections
 import datetime
 import math
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -314,15 +313,9 @@ def test_every_panel_query_shows_the_spans_of_a_generated_run(tmp_path, make, na
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    from demo_process import run_in_child
-
-    work = tmp_path_factory.mktemp("dashboard-clickhouse")
-    run_id = f"dashboard-{uuid.uuid4().hex[:12]}"
-    run_in_child("demo", {"trace_dir": str(work / "trace"), "steps": STEPS, "prompts": PROMPTS, "n": N,
-                          "agent": "tool", "validate": False}, str(work / "demo"), {"OTEL_VERL_RUN_ID": run_id})
-    run = load(str(work / "trace"), str(work / "store"))
-    assert run.run_id == run_id
+def demo_run(shared_demo, tmp_path_factory):
+    trace_dir, _ = shared_demo(STEPS, PROMPTS, N)
+    run = load(str(trace_dir), str(tmp_path_factory.mktemp("dashboard-clickhouse") / "store"))
     yield run
     run.store.close()
 

@@ -41,12 +41,8 @@ def _count(points, key) -> int:
 
 
 @pytest.fixture(scope="module")
-def metrics(tmp_path_factory):
-    from demo_process import run_in_child
-
-    trace_dir = tmp_path_factory.mktemp("demo")
-    run_in_child("demo", {"trace_dir": str(trace_dir), "steps": STEPS, "prompts": PROMPTS, "n": N, "agent": "tool"},
-                 str(tmp_path_factory.mktemp("demo-run")))
+def metrics(shared_demo):
+    trace_dir, _ = shared_demo(STEPS, PROMPTS, N)
     paths = sorted(glob.glob(os.path.join(str(trace_dir), "otlp-metrics", "metrics-*.jsonl")))
     assert paths, os.listdir(str(trace_dir))
     return _last_points(paths)
