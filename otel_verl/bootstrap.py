@@ -36,83 +36,240 @@ from otel_verl import semconv as sc
 
 logger = logging.getLogger("otel_verl")
 
-_lock = threading.RLock()
-_provider: Any = None
-_processors: Any = None  # its IsolatingSpanProcessor
-_settings: Optional[settings_mod.Settings] = None
-_shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
-_atexit_registered = False
-_previous_sigterm: Any = signal.SIG_DFL  # what SIGTERM did before otel_verl's handler
-_terminating = False  # SIGTERM came: once tracing is shut down it does what it did before
+class Configurator:
+    """This process's tracing pipeline, one per process (:data:`CONFIGURATOR`): its one
+    provider, the settings it was built with, its shutdown and SIGTERM handling. The
+    module's functions are its methods, for the code that knows no configurator."""
 
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.provider: Any = None  # the TracerProvider configure built; None before and after
+        self.processors: Any = None  # its IsolatingSpanProcessor
+        self.settings: Optional[settings_mod.Settings] = None  # as last read
+        self.shut_down: Optional[threading.Event] = None  # set when the shutdown under way is done
+        self.registered = False  # at exit, after fork, after ray.init
+        self.previous_sigterm: Any = signal.SIG_DFL  # what SIGTERM did before otel_verl's handler
+        self.terminating = False  # SIGTERM came: once tracing is shut down it does what it did before
+        self.sigterm_handler = self._on_sigterm  # one bound method: the installed handler is told by it
 
-def configure(
-    trace_dir: Optional[str] = None,
-    *,
-    role: "Role | str | None" = None,
-    force: bool = False,
-) -> bool:
-    """Set up tracing in this process once. Returns whether tracing is on.
+    def configure(self, trace_dir: Optional[str] = None, *, role: "Role | str | None" = None,
+                  force: bool = False) -> bool:
+        """Set up tracing in this process once. Returns whether tracing is on.
 
-    ``trace_dir`` given here wins over ``VERL_TRACE_DIR``; ``force`` traces even with no
-    trace dir and no endpoint (spans then reach only in-process processors).
-    """
-    global _provider, _settings
-    try:
-        with _lock:
-            if _provider is not None:
+        ``trace_dir`` given here wins over ``VERL_TRACE_DIR``; ``force`` traces even with no
+        trace dir and no endpoint (spans then reach only in-process processors)."""
+        from otel_verl.sampling import IsolatingSpanProcessor
+
+        try:
+            with self.lock:
+                if self.provider is not None:
+                    return True
+                cfg = settings_mod.load(trace_dir=trace_dir)
+                if force and cfg.forced is None:
+                    cfg = settings_mod.Settings(**{**cfg.__dict__, "forced": True})
+                self.settings = cfg
+                if not cfg.enabled:
+                    return False
+                self.processors = IsolatingSpanProcessor(timeout_s=cfg.shutdown_timeout_s)
+                self.provider = _build(cfg, _role_value(role), self.processors)
+                self._register_shutdown()
                 return True
-            cfg = settings_mod.load(trace_dir=trace_dir)
-            if force and cfg.forced is None:
-                cfg = settings_mod.Settings(**{**cfg.__dict__, "forced": True})
-            _settings = cfg
-            if not cfg.enabled:
-                return False
-            _provider = _build(cfg, _role_value(role))
-            _register_shutdown()
+        except settings_mod.ConfigError as exc:
+            logger.error("otel_verl: tracing stays off: %s", exc)
+            return False
+        except Exception as exc:  # never let tracing set-up break the process
+            health.record_failure("bootstrap.configure", exc)
+            return False
+
+    def ensure(self, role: "Role | str | None" = None) -> bool:
+        """Whether tracing is on, configuring it on first use with the role the caller knows."""
+        if self.provider is not None:
             return True
-    except settings_mod.ConfigError as exc:
-        logger.error("otel_verl: tracing stays off: %s", exc)
-        return False
-    except Exception as exc:  # never let tracing set-up break the process
-        health.record_failure("bootstrap.configure", exc)
-        return False
+        if self.known_off():
+            return False
+        return self.configure(role=role)
+
+    def known_off(self) -> bool:
+        """This process's settings were read and say tracing is off (wrappers then step aside
+        without reading their arguments; :meth:`configure` reads the settings again)."""
+        cfg = self.settings
+        return self.provider is None and cfg is not None and not cfg.enabled
+
+    def flush(self, timeout_s: Optional[float] = None) -> bool:
+        """Export and write everything accepted so far, waiting at most ``timeout_s``
+        (default ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``). False when not all of it was done in
+        time: the rest is still exported later, or counted as lost at shutdown."""
+        from otel_verl.instrumentation import tracing
+
+        provider = self.provider
+        return True if provider is None else tracing.flush(timeout_s, provider)
+
+    def shutdown(self, timeout_s: Optional[float] = None) -> None:
+        """End open sample spans, flush every output, stop the exporters, all within
+        ``timeout_s`` (default ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``): spans not exported by then
+        are counted as lost. Idempotent; a call during another thread's shutdown waits for it."""
+        from otel_verl import events
+        from otel_verl.instrumentation import tracing
+
+        deadline = Deadline(tracing.flush_timeout_s() if timeout_s is None else timeout_s)
+        with self.lock:
+            provider, self.provider = self.provider, None
+            if provider is not None:
+                self.shut_down = threading.Event()
+            shut_down, processors = self.shut_down, self.processors
+        if provider is None:
+            if shut_down is not None:
+                shut_down.wait(deadline.left_s())
+            return
+        try:
+            events.end_open_samples()
+            events.end_open_prompt_tasks()
+        except Exception as exc:
+            health.record_failure("bootstrap.shutdown", exc)
+        tracing.stop()  # a span ending from here on would reach outputs being closed
+        try:
+            processors.shutdown(timeout_millis=deadline.left_ms())
+        except Exception as exc:
+            health.record_failure("bootstrap.shutdown", exc)
+        finally:
+            _report_losses()
+            shut_down.set()
+
+    # ------------------------------------------------------------------ exit, fork, SIGTERM
+
+    def _register_shutdown(self) -> None:
+        if not self.registered:
+            atexit.register(self._shutdown_at_exit)
+            forks.in_child(self._after_fork_in_child)
+            self.registered = True
+            self._follow_ray_init()
+        self._install_sigterm_handler()
+
+    def _install_sigterm_handler(self) -> None:
+        """SIGTERM shuts tracing down first, then does what it did before: the default (the
+        process dies of it) or the handler another library installed (Ray's driver raises
+        SystemExit, whose exit would otherwise abort the process before any output flushed).
+        An ignored SIGTERM stays ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set a handler
+        try:
+            current = signal.getsignal(signal.SIGTERM)
+            if current == self.sigterm_handler or current is signal.SIG_IGN:
+                return
+            self.previous_sigterm = signal.SIG_DFL if current is None else current
+            signal.signal(signal.SIGTERM, self.sigterm_handler)
+        except (ValueError, OSError):  # not the main interpreter thread / unsupported
+            pass
+
+    def _follow_ray_init(self) -> None:
+        """``ray.init`` sets a SIGTERM handler of its own and registers its shutdown at exit,
+        which tears Ray down (and aborts the driver) before ours would run: after it, ours
+        are put in front again."""
+        import wrapt
+
+        def after_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                try:
+                    if self.provider is not None:
+                        atexit.unregister(self._shutdown_at_exit)
+                        atexit.register(self._shutdown_at_exit)  # runs before Ray's (last in, first out)
+                        self._install_sigterm_handler()
+                except Exception as exc:
+                    health.record_failure("bootstrap.ray_init", exc)
+
+        @wrapt.when_imported("ray")
+        def _patch(ray_module: Any) -> None:
+            if not getattr(ray_module.init, "_otel_verl_follows", False):
+                wrapt.wrap_function_wrapper(ray_module, "init", after_init)
+                ray_module.init._otel_verl_follows = True
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """Hands the shutdown to a new thread and returns: the code this handler interrupted
+        may hold a lock the shutdown takes, and would never release it under the handler."""
+        self.terminating = True
+        # a second SIGTERM does at once what the first would have done without us
+        signal.signal(signal.SIGTERM, self.previous_sigterm)
+        try:
+            # threading.Thread.start takes threading's own lock, which the interrupted code
+            # may hold too; _thread takes none
+            _thread.start_new_thread(self._terminate, ())
+        except Exception:  # no thread to be had: as without us, now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _terminate(self) -> None:
+        """Shut tracing down (within its deadline), then let SIGTERM do what it did before:
+        the process dies of it, or the handler we stood in front of runs (on the main thread)."""
+        try:
+            self.shutdown()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _shutdown_at_exit(self) -> None:
+        self.shutdown()  # waits for one under way (SIGTERM's, when the main thread ends meanwhile)
+        if self.terminating and self.previous_sigterm is signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGTERM)  # die of it, as without us
+
+    def _after_fork_in_child(self) -> None:
+        # Our batch processors, writers and the events API's state reset themselves in the
+        # child. A lock another thread held at fork time would never be released here.
+        self.lock = threading.RLock()
+        self.shut_down = None  # a shutdown the parent had under way is the parent's
+        # a multiprocessing child ends by os._exit, past atexit: shut down among its finalizers
+        # (the module's function: multiprocessing keeps what it runs by a weak reference)
+        forks.at_multiprocessing_exit(shutdown, MULTIPROCESSING_EXIT_PRIORITY)
+
+
+# after the child's own finalizers, which may still end spans
+MULTIPROCESSING_EXIT_PRIORITY = -100
+
+CONFIGURATOR = Configurator()  # this process's
+
+
+def configure(trace_dir: Optional[str] = None, *, role: "Role | str | None" = None, force: bool = False) -> bool:
+    """:meth:`Configurator.configure` of this process."""
+    return CONFIGURATOR.configure(trace_dir, role=role, force=force)
 
 
 def ensure(role: "Role | str | None" = None) -> bool:
-    """Called by wrappers on first use: configures with the role the caller knows."""
-    if _provider is not None:
-        return True
-    if known_off():
-        return False
-    return configure(role=role)
+    """:meth:`Configurator.ensure` of this process."""
+    return CONFIGURATOR.ensure(role)
+
+
+def flush(timeout_s: Optional[float] = None) -> bool:
+    """:meth:`Configurator.flush` of this process."""
+    return CONFIGURATOR.flush(timeout_s)
+
+
+def shutdown(timeout_s: Optional[float] = None) -> None:
+    """:meth:`Configurator.shutdown` of this process."""
+    CONFIGURATOR.shutdown(timeout_s)
 
 
 def provider_for_role(role: "Role | str") -> Any:
     """What :class:`otel_verl.instrumentation.VerlInstrumentor` asks for when its first
     wrapper fires in a process: this process's provider, built for ``role`` if there is
     none yet; ``None`` when tracing is off here."""
-    return _provider if ensure(role) else None
+    return CONFIGURATOR.provider if CONFIGURATOR.ensure(role) else None
 
 
 def known_off() -> bool:
-    """This process's settings were read and say tracing is off (wrappers then step aside
-    without reading their arguments; :func:`configure` reads the settings again)."""
-    cfg = _settings
-    return _provider is None and cfg is not None and not cfg.enabled
+    return CONFIGURATOR.known_off()
 
 
 def is_configured() -> bool:
-    return _provider is not None
+    return CONFIGURATOR.provider is not None
 
 
 def provider() -> Any:
-    return _provider
+    return CONFIGURATOR.provider
 
 
 def span_processors() -> tuple:
     """The span processors of the provider :func:`configure` built (empty before)."""
-    return _processors.processors if _processors is not None and _provider is not None else ()
+    configurator = CONFIGURATOR
+    return configurator.processors.processors if configurator.provider is not None else ()
 
 
 def _role_value(role: "Role | str | None") -> str:
@@ -121,25 +278,30 @@ def _role_value(role: "Role | str | None") -> str:
     return role.value if isinstance(role, Role) else str(role)
 
 
+def _report_losses() -> None:
+    counts = health.snapshot()
+    if counts["dropped"] or counts["failures"]:
+        logger.warning("otel_verl: at shutdown: dropped=%s failures=%s", counts["dropped"], counts["failures"])
+
+
 # --------------------------------------------------------------------------- pipeline
 
 
-def _build(cfg: settings_mod.Settings, role: str) -> Any:
+def _build(cfg: settings_mod.Settings, role: str, processors: Any) -> Any:
+    """The provider of a process of ``role``, its span processors in ``processors``."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     from otel_verl.instrumentation import tracing
-    from otel_verl.sampling import IsolatingSpanProcessor, UidIdGenerator, record_dropped_samples
+    from otel_verl.sampling import UidIdGenerator, record_dropped_samples
     from otel_verl.slim_span import SlimTracer
 
-    global _processors
-    _processors = IsolatingSpanProcessor(timeout_s=cfg.shutdown_timeout_s)
     tracer_provider = TracerProvider(
         resource=_resource(role),
         sampler=record_dropped_samples(),
         id_generator=UidIdGenerator(),
         # a raising span processor is counted (health), never raised into training code
-        active_span_processor=_processors,
+        active_span_processor=processors,
         shutdown_on_exit=False,  # ours, within the shutdown deadline
     )
     if cfg.offloads(role):
@@ -152,7 +314,7 @@ def _build(cfg: settings_mod.Settings, role: str) -> Any:
     else:
         logger.info("otel_verl: a global TracerProvider is already installed; otel_verl keeps its own")
     # the events API reports to it, with spans that cost a fraction of the SDK's
-    tracing.use_provider(tracer_provider, cfg, SlimTracer(tracer_provider, _processors))
+    tracing.use_provider(tracer_provider, cfg, SlimTracer(tracer_provider, processors))
     return tracer_provider
 
 
@@ -239,165 +401,3 @@ def _ray_ids() -> dict:
     except Exception:
         pass
     return {k: v for k, v in out.items() if v}
-
-
-# --------------------------------------------------------------------------- shutdown
-
-
-def flush(timeout_s: Optional[float] = None) -> bool:
-    """Export and write everything accepted so far, waiting at most ``timeout_s`` (default
-    ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``). False when not all of it was done in time: the
-    rest is still exported later, or counted as lost at shutdown."""
-    if _provider is None:
-        return True
-    try:
-        return bool(_provider.force_flush(int(_timeout_s(timeout_s) * 1000)))
-    except Exception as exc:
-        health.record_failure("bootstrap.flush", exc)
-        return False
-
-
-def shutdown(timeout_s: Optional[float] = None) -> None:
-    """End open sample spans, flush every output, stop the exporters, all within
-    ``timeout_s`` (default ``OTEL_VERL_SHUTDOWN_TIMEOUT_S``): spans not exported by then
-    are counted as lost. Idempotent; a call during another thread's shutdown waits for it."""
-    global _provider, _shut_down
-    deadline = Deadline(_timeout_s(timeout_s))
-    with _lock:
-        provider, _provider = _provider, None
-        if provider is not None:
-            _shut_down = threading.Event()
-        shut_down, processors = _shut_down, _processors
-    if provider is None:
-        if shut_down is not None:
-            shut_down.wait(deadline.left_s())
-        return
-    from otel_verl import events
-    from otel_verl.instrumentation import tracing
-
-    try:
-        events.end_open_samples()
-        events.end_open_prompt_tasks()
-    except Exception as exc:
-        health.record_failure("bootstrap.shutdown", exc)
-    tracing.stop()  # a span ending from here on would reach outputs being closed
-    try:
-        processors.shutdown(timeout_millis=deadline.left_ms())
-    except Exception as exc:
-        health.record_failure("bootstrap.shutdown", exc)
-    finally:
-        _report_losses()
-        shut_down.set()
-
-
-def _timeout_s(timeout_s: Optional[float]) -> float:
-    if timeout_s is not None:
-        return timeout_s
-    cfg = _settings
-    return cfg.shutdown_timeout_s if cfg is not None else settings_mod.DEFAULT_SHUTDOWN_TIMEOUT_S
-
-
-def _report_losses() -> None:
-    counts = health.snapshot()
-    if counts["dropped"] or counts["failures"]:
-        logger.warning("otel_verl: at shutdown: dropped=%s failures=%s", counts["dropped"], counts["failures"])
-
-
-def _register_shutdown() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_shutdown_at_exit)
-        forks.in_child(_after_fork_in_child)
-        _atexit_registered = True
-        _follow_ray_init()
-    _install_sigterm_handler()
-
-
-def _install_sigterm_handler() -> None:
-    """SIGTERM shuts tracing down first, then does what it did before: the default (the
-    process dies of it) or the handler another library installed (Ray's driver raises
-    SystemExit, whose exit would otherwise abort the process before any output flushed).
-    An ignored SIGTERM stays ignored."""
-    global _previous_sigterm
-    if threading.current_thread() is not threading.main_thread():
-        return  # only the main thread may set a handler
-    try:
-        current = signal.getsignal(signal.SIGTERM)
-        if current is _on_sigterm or current is signal.SIG_IGN:
-            return
-        _previous_sigterm = signal.SIG_DFL if current is None else current
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):  # not the main interpreter thread / unsupported
-        pass
-
-
-def _follow_ray_init() -> None:
-    """``ray.init`` sets a SIGTERM handler of its own and registers its shutdown at exit,
-    which tears Ray down (and aborts the driver) before ours would run: after it, ours
-    are put in front again."""
-    import wrapt
-
-    def after_init(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            try:
-                if _provider is not None:
-                    atexit.unregister(_shutdown_at_exit)
-                    atexit.register(_shutdown_at_exit)  # runs before Ray's (last in, first out)
-                    _install_sigterm_handler()
-            except Exception as exc:
-                health.record_failure("bootstrap.ray_init", exc)
-
-    @wrapt.when_imported("ray")
-    def _patch(ray_module: Any) -> None:
-        if not getattr(ray_module.init, "_otel_verl_follows", False):
-            wrapt.wrap_function_wrapper(ray_module, "init", after_init)
-            ray_module.init._otel_verl_follows = True
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """Hands the shutdown to a new thread and returns: the code this handler interrupted
-    may hold a lock the shutdown takes, and would never release it under the handler."""
-    global _terminating
-    _terminating = True
-    # a second SIGTERM does at once what the first would have done without us
-    signal.signal(signal.SIGTERM, _previous_sigterm)
-    try:
-        # threading.Thread.start takes threading's own lock, which the interrupted code
-        # may hold too; _thread takes none
-        _thread.start_new_thread(_terminate, ())
-    except Exception:  # no thread to be had: as without us, now
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _terminate() -> None:
-    """Shut tracing down (within its deadline), then let SIGTERM do what it did before:
-    the process dies of it, or the handler we stood in front of runs (on the main thread)."""
-    try:
-        shutdown()
-    finally:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _shutdown_at_exit() -> None:
-    shutdown()  # waits for one under way (SIGTERM's, when the main thread ends meanwhile)
-    if _terminating and _previous_sigterm is signal.SIG_DFL:
-        os.kill(os.getpid(), signal.SIGTERM)  # die of it, as without us
-
-
-# after the child's own finalizers, which may still end spans
-MULTIPROCESSING_EXIT_PRIORITY = -100
-
-
-def _after_fork_in_child() -> None:
-    # The SDK's BatchSpanProcessor, our writers and the events API's state reset
-    # themselves in the child. A lock another thread held at fork time would never be
-    # released here.
-    global _lock, _shut_down
-    _lock = threading.RLock()
-    _shut_down = None  # a shutdown the parent had under way is the parent's
-    # a multiprocessing child ends by os._exit, past atexit: shut down among its finalizers
-    forks.at_multiprocessing_exit(shutdown, MULTIPROCESSING_EXIT_PRIORITY)
-
-

@@ -73,7 +73,7 @@ def fit_wrapper(
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
-            tracing.ensure(Role.TRAINER)
+            tracing.active(Role.TRAINER)
             current.bind(instance, name, layout_of(instance))
             fit_started(instance)
         except Exception as exc:

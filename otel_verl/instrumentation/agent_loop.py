@@ -76,7 +76,7 @@ def _provider(worker: Any, rollout_config: Any) -> str:
 
 async def _run_agent_loop(wrapped, instance, args, kwargs):
     carrier = carriers.pop_kwargs(kwargs)  # verl passes the row's columns as keywords: ours never reaches it
-    if not tracing.ensure(Role.AGENT_LOOP_WORKER):
+    if not tracing.active(Role.AGENT_LOOP_WORKER):
         return await wrapped(*args, **kwargs)
     try:
         worker, values = arguments(wrapped, instance, args, kwargs)

@@ -44,7 +44,7 @@ async def _async_kv_put(wrapped, instance, args, kwargs):
 
 
 def _prompt_running(uid: Any) -> None:
-    tracing.ensure(Role.AGENT_LOOP_WORKER)
+    tracing.active(Role.AGENT_LOOP_WORKER)
     carrier = carriers.take_arrived(uid)
     row = getattr(carrier, "row", None) or {}
     events.prompt_task_started(

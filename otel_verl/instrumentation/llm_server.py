@@ -35,7 +35,7 @@ def _server_generate(provider: str):
             original, headers = carriers.untag_request_id(values.get("request_id"))
             if headers is not None:  # an untagged id comes from an untraced caller: not ours
                 args, kwargs = with_argument(wrapped, instance, args, kwargs, "request_id", original)
-                tracing.ensure(Role.LLM_SERVER)
+                tracing.active(Role.LLM_SERVER)
                 call = events.llm_server_call(headers, request_id=str(original), provider=provider)
         except Exception as exc:
             health.record_failure("llm_server.generate", exc)

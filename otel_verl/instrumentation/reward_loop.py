@@ -36,7 +36,7 @@ async def _compute_score(wrapped, instance, args, kwargs):
         parent = _carrier_of(carriers.pop_column(data))  # popped even when tracing is off here
     except Exception as exc:
         health.record_failure("reward_loop.compute_score", exc)
-    if parent is None or not tracing.ensure(Role.REWARD_WORKER):
+    if parent is None or not tracing.active(Role.REWARD_WORKER):
         return await wrapped(*args, **kwargs)
     manager = getattr(instance, "reward_manager", None)
     with events.reward_worker_call(parent, reward_manager=type(manager).__name__ if manager is not None else None) as call:

@@ -92,13 +92,13 @@ class _ProviderIds:
 
 def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
     """Ask ``provider_for_role(role)`` for the provider when the first wrapper fires in a
-    process with no tracing state (see :func:`ensure`); ``None`` forgets it."""
+    process with no tracing state (see :func:`active`); ``None`` forgets it."""
     global _provider_for_role, _said_off
     with _lock:
         _provider_for_role, _said_off = provider_for_role, False
 
 
-def ensure(role: str) -> bool:
+def active(role: str) -> bool:
     """Whether the events API reports to a provider; where it does not, the first call
     asks ``provider_for_role(role)`` (only the wrappers know their process's role)."""
     global _said_off
@@ -124,11 +124,12 @@ def stop() -> None:
         events.install(None)
 
 
-def flush(timeout_s: Optional[float] = None) -> bool:
-    """Export and write everything the provider the events API reports to has accepted,
-    waiting at most ``timeout_s`` (default: :func:`flush_timeout_s`)."""
-    current = events.state()
-    provider = current.provider if current is not None else None
+def flush(timeout_s: Optional[float] = None, provider: Any = None) -> bool:
+    """Export and write everything ``provider`` (default: the one the events API reports
+    to) has accepted, waiting at most ``timeout_s`` (default: :func:`flush_timeout_s`)."""
+    if provider is None:
+        current = events.state()
+        provider = current.provider if current is not None else None
     if isinstance(provider, trace.ProxyTracerProvider):  # the global one, set since
         provider = trace.get_tracer_provider()
     force_flush = getattr(provider, "force_flush", None)  # the API's TracerProvider has none
