@@ -1,7 +1,8 @@
 """One deadline shared by the steps of a flush or a shutdown.
 
 The SDK's span processors and exporters do not always keep the timeout they are given
-(``BatchSpanProcessor.force_flush`` exports its whole queue whatever the timeout, one
+(the SDK's ``BatchSpanProcessor.force_flush``, a user's or otel_verl's with
+``OTEL_VERL_ACCELERATED=false``, exports its whole queue whatever the timeout, one
 export timeout per batch). :class:`Call` runs such a call on a daemon thread and waits
 for it only until the deadline: a call that is late goes on in the background, where it
 holds neither the caller nor the process's exit.

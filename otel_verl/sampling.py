@@ -4,7 +4,7 @@
   :mod:`otel_verl.ids`), so a sample's trace id is the same in every process.
 - :func:`record_dropped_samples` wraps the standard ``OTEL_TRACES_SAMPLER`` so that a
   span it would drop is still recorded (``RECORD_ONLY``): legacy processors see every
-  span, while BatchSpanProcessor exports only sampled ones.
+  span, while the OTLP outputs export only sampled ones.
 - :class:`IsolatingSpanProcessor` is the provider's list of processors with each one's
   exceptions counted instead of raised: the SDK's ``SynchronousMultiSpanProcessor`` calls
   them in a row without catching, so one raising processor (ours or another library's)

@@ -1,8 +1,8 @@
 """Spans as OTLP-JSON lines, in the OpenTelemetry Collector file exporter's format.
 
-The default output when no OTLP endpoint is set (``{trace_dir}/otlp/``): each export batch
-of the SDK's BatchSpanProcessor becomes one ``{"resourceSpans":[...]}`` line in
-``spans-{hostname}-pid{pid}.jsonl`` (then ``...-1.jsonl``, ``...-2.jsonl`` past the size
+The default output when no OTLP endpoint is set (``{trace_dir}/otlp/``): each batch of its
+batch processor (:mod:`otel_verl.accelerated.batch`) becomes one ``{"resourceSpans":[...]}``
+line in ``spans-{hostname}-pid{pid}.jsonl`` (then ``...-1.jsonl``, ``...-2.jsonl`` past the size
 limit). The JSON is the OTLP/JSON mapping the Collector writes: lowerCamelCase keys,
 lowercase hex ids, int64 values as decimal strings, enums as integers, zero values left
 out. A line can be replayed with the Collector's ``otlpjsonfile`` receiver, posted to an
