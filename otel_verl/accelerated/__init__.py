@@ -12,6 +12,6 @@ bytes and every loss is counted (``tests/test_faults.py``, ``tests/test_otlp.py`
 7-12 µs a record: 27-29 µs a single-turn trajectory against 59-98 µs (``bench_sdk_costs``,
 ``docs/PERFORMANCE.md``), with the SDK's points for the same spans (``tests/test_metrics.py``).
 
-``OTEL_VERL_ACCELERATED=false`` puts the SDK's own parts back in their place (``bootstrap``).
+``OTEL_VERL_ACCELERATED=false`` puts the SDK's own parts back in their place (``otel_verl.outputs``).
 Nothing here imports the configurator, the events API or the instrumentation.
 """
