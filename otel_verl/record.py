@@ -4,8 +4,12 @@ A :class:`SpanRecord` is flat: ids and flags as ints, attributes as a plain dict
 and links as tuples of small named tuples, the resource and scope shared by every record
 of a process, and the span's in-process :class:`~otel_verl.payload.Payload`. The end of an
 events-API span (:class:`otel_verl.slim_span.SlimSpan`) makes its record, once, and hands
-it to every output; the export process rebuilds the same record from the wire
-(:mod:`otel_verl.offload.wire`), and the OTLP encoders read it as it is.
+it to every output, and the OTLP encoders read it as it is.
+
+Its fields are :data:`FIELDS`, written here alone: its slots, its constructor's order, its
+plain-tuple form (:func:`to_tuple`, :func:`from_tuple`: what pickle and the export
+process's wire carry, :mod:`otel_verl.offload.wire`) and its copies (:meth:`SpanRecord.replace`)
+follow that list.
 
 Records read like the SDK's ``ReadableSpan`` too (``context``, ``parent``, ``status``,
 ``instrumentation_scope``, ``get_span_context()``), for span processors written against
@@ -44,14 +48,19 @@ class LinkRecord(NamedTuple):
                            self.trace_state)
 
 
+# The record's fields, in its constructor's order. The last three are not the span's own:
+# the resource and scope every record of a process shares, and the in-process payload.
+FIELDS = ("name", "trace_id", "span_id", "trace_flags", "trace_state", "parent_id", "parent_remote", "kind",
+          "start_time", "end_time", "attributes", "events", "links", "status_code", "status_message",
+          "dropped_attributes", "dropped_events", "dropped_links", "resource", "scope", "payload")
+TUPLE_FIELDS = FIELDS[:-3]  # the plain-tuple form: the span's own fields
+
+
 class SpanRecord:
     """One span, flat. ``parent_id`` is 0 for a root; ``end_time`` is ``None`` while the
     span is open (a processor's ``on_start`` sees it so)."""
 
-    __slots__ = ("name", "trace_id", "span_id", "trace_flags", "trace_state", "parent_id", "parent_remote",
-                 "kind", "start_time", "end_time", "attributes", "events", "links", "status_code",
-                 "status_message", "dropped_attributes", "dropped_events", "dropped_links", "resource", "scope",
-                 "payload", "_context")
+    __slots__ = FIELDS + ("_context",)
 
     def __init__(self, name: str, trace_id: int, span_id: int, trace_flags: int = 0,
                  trace_state: Optional[TraceState] = None, parent_id: int = 0, parent_remote: bool = False,
@@ -134,6 +143,36 @@ class SpanRecord:
 
     def __repr__(self) -> str:
         return f"SpanRecord({self.name!r}, trace_id={self.trace_id:032x}, span_id={self.span_id:016x})"
+
+    def replace(self, **changes: Any) -> "SpanRecord":
+        """A copy with ``changes`` (fields by name)."""
+        values = dict(zip(FIELDS, _values(self)))
+        values.update(changes)
+        return SpanRecord(**values)
+
+    def __reduce__(self) -> Any:  # the one tuple form, not the slots (_context is a cache)
+        return from_tuple, (to_tuple(self), self.resource, self.scope, self.payload)
+
+
+def _getter(fields: Tuple[str, ...]) -> Any:
+    # Attribute loads in Python code: the interpreter specialises them to slot reads, about
+    # twice as fast as operator.attrgetter's lookups (this runs per span in a rollout worker).
+    namespace: Dict[str, Any] = {}
+    exec(f"def values(record):\n    return ({''.join(f'record.{field}, ' for field in fields)})", namespace)
+    return namespace["values"]
+
+
+to_tuple = _getter(TUPLE_FIELDS)
+to_tuple.__name__ = to_tuple.__qualname__ = "to_tuple"
+to_tuple.__doc__ = """A record's plain-tuple form: the values of TUPLE_FIELDS, its events, links and trace
+state as they are (a batch of such tuples pickles in C). What else a process shares (resource,
+scope) or keeps (payload) goes beside it, as the carrier chooses."""
+_values = _getter(FIELDS)
+
+
+def from_tuple(values: tuple, resource: Any = None, scope: Any = None, payload: Any = None) -> SpanRecord:
+    """The record of a :func:`to_tuple` form, with its resource, scope and payload."""
+    return SpanRecord(*values, resource, scope, payload)
 
 
 def from_readable(span: Any, payload: Any = None) -> SpanRecord:

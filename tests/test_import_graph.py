@@ -287,6 +287,27 @@ def test_the_accelerators_import_no_configurator_legacy_output_events_or_instrum
     assert not found, "\n".join(found)
 
 
+def test_a_span_crosses_to_the_export_process_as_its_record():
+    """No span type of the wire's own: the export process's messages carry the record's one
+    tuple form (otel_verl.record), and no module defines or imports a snapshot of a span."""
+    from otel_verl.offload import wire
+
+    assert not [name for name in vars(wire) if name.endswith("Snapshot")]
+    found = []
+    for module, path in _sources().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Snapshot"):
+                found.append(f"{module}:{node.lineno} defines {node.name}")
+            elif isinstance(node, ast.ImportFrom):
+                found += [f"{module}:{node.lineno} imports {alias.name}" for alias in node.names
+                          if alias.name.endswith("Snapshot")]
+            elif isinstance(node, ast.Attribute) and node.attr.endswith("Snapshot"):
+                found.append(f"{module}:{node.lineno} reads {node.attr}")
+    assert not found, "\n".join(found)
+
+
 def test_the_runtime_never_imports_a_tool():
     edges = import_graph()
     starts = sorted({src for src, _, _ in edges if not _within(src, TOOLS)})

@@ -397,10 +397,10 @@ def test_the_sender_takes_what_was_queued_when_it_woke():
 
     config = wire.HostConfig(settings.load({}), {}, "", os.getpid())
     sender = OffloadSpanProcessor(config, max_batch=2, batch_interval_s=3600)  # wakes only when told
-    frames = []
+    frames, rebuilder = [], wire.Rebuilder(config)
 
     def send_batch(batch, flush, queued):
-        frames.append([snapshot.name for snapshot in batch])
+        frames.append([rebuilder.record(packed).name for packed in batch])
         sender._pending.append((forwarder.ENDED, ended(100 + len(frames)), None, None, 0))  # meanwhile, on the event loop
 
     sender._send_batch = send_batch
@@ -466,7 +466,7 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     data, wholes = _multi_turn(prompt_shapes)
     span = ReadableSpan("invoke_agent tool_agent", context=SpanContext(1, 2, False), start_time=1, end_time=9)
     shared = []
-    sent = wire.frame(wire.snapshot(span, Payload(Subject.TRAJECTORY, data), lambda codec: shared.append(codec) or 0))
+    sent = wire.frame(wire.pack(span, Payload(Subject.TRAJECTORY, data), lambda codec: shared.append(codec) or 0))
     rebuilt = []
 
     class Reader(SpanProcessor):
@@ -578,13 +578,13 @@ def test_the_export_process_gets_only_the_starts_its_outputs_read(pipelines, tmp
     p = pipelines()
     assert p.offload.on_start_subjects == kinds
     sent = []
-    snapshot = wire.snapshot
+    pack = wire.pack
 
     def spy(span, payload, shared_id, start_attributes=None):
         sent.append(("start" if start_attributes is not None else "end", span.name))
-        return snapshot(span, payload, shared_id, start_attributes)
+        return pack(span, payload, shared_id, start_attributes)
 
-    monkeypatch.setattr(wire, "snapshot", spy)
+    monkeypatch.setattr(wire, "pack", spy)
     with events.trajectory("u1", "0", step=1, agent_name="tool_agent"):
         with events.tool_call("calculator"):
             pass

@@ -1,5 +1,6 @@
-"""The export process's wire (otel_verl.offload.wire): a span crosses it whole, as its
-public ReadableSpan properties show it, with its payload; both ends check the version."""
+"""The export process's wire (otel_verl.offload.wire): a span crosses it as its record,
+whole, as its public ReadableSpan properties show it, with its payload; both ends check
+the version."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from otel_verl.offload import wire
 from otel_verl.legacy.records import PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
 from otel_verl.legacy.tokenizer import TextCodec
 from otel_verl.payload import Payload
+from otel_verl.record import FIELDS, TUPLE_FIELDS, EventRecord, LinkRecord, SpanRecord, from_tuple, to_tuple
 from otel_verl.semconv import Subject
 
 RESOURCE = Resource.create({"service.name": "verl", "verl.role": "agent_loop_worker"})
@@ -51,14 +53,14 @@ def _tracer(capture: Capture, limits: SpanLimits = None):
                                attributes={"scope.attr": "yes"})
 
 
-def _crossed(snapshot: wire.SpanSnapshot) -> wire.SpanSnapshot:
+def _crossed(packed: tuple) -> tuple:
     """Through a frame, as the export process reads it."""
-    return wire.read_frame(io.BytesIO(wire.frame(wire.Spans([snapshot])))).spans[0]
+    return wire.read_frame(io.BytesIO(wire.frame(wire.Spans([packed])))).spans[0]
 
 
-def _payload(snapshot: wire.SpanSnapshot) -> Payload:
-    """The payload the export process rebuilds of a snapshot."""
-    return wire.Rebuilder(CONFIG).span(snapshot).payload
+def _payload(packed: tuple, shared: dict = None) -> Payload:
+    """The payload the export process rebuilds of a packed span (``shared``: its shared objects by id)."""
+    return wire.Rebuilder(CONFIG, shared).record(packed).payload
 
 
 def _public(span) -> dict:
@@ -98,29 +100,21 @@ def test_a_span_crosses_with_every_public_property_and_encodes_to_the_same_otlp(
     assert want["dropped"] == (1, 1, 1) and want["links"][0][2] == 1 and want["events"][0][3] == 1  # all exercised
     assert want["context"].trace_state == remote.trace_state and want["parent"].is_remote
 
-    rebuilt = wire.Rebuilder(CONFIG).span(_crossed(wire.snapshot(ended, None, None)))
+    rebuilt = wire.Rebuilder(CONFIG).record(_crossed(wire.pack(ended, None, None)))
     assert _public(rebuilt) == want
     assert encode_spans([rebuilt]).SerializeToString() == encode_spans([ended]).SerializeToString()
 
-    start = wire.Rebuilder(CONFIG).span(_crossed(wire.snapshot(started, None, None, start_attributes)))
+    start = wire.Rebuilder(CONFIG).record(_crossed(wire.pack(started, None, None, start_attributes)))
     assert start.end_time is None and dict(start.attributes) == {"a": 1, "b": (1.5, 2.5)}  # as when it started
     assert (start.name, start.context, start.parent, start.kind, start.start_time) == (
         ended.name, ended.context, ended.parent, ended.kind, ended.start_time)
     assert not start.events and start.status.status_code is StatusCode.UNSET
 
 
-def test_a_snapshot_is_plain_named_fields():
-    """A snapshot's fields are plain values (enums and exact tuples, no named or SDK type
-    inside), so that a batch pickles without a Python call per span."""
-    import enum
-
-    def plain(value) -> bool:
-        if type(value) in (tuple, list):
-            return all(plain(item) for item in value)
-        if type(value) is dict:
-            return all(plain(key) and plain(item) for key, item in value.items())
-        return value is None or type(value) in (str, int, float, bool) or isinstance(value, enum.Enum)
-
+def test_a_span_crosses_as_its_records_tuple_form():
+    """What crosses is the record's one tuple form (record.to_tuple), then what the wire
+    carries apart: the scope's fields, the payload as a plain pair, the shared id; no
+    resource and no type of the wire's own."""
     capture = Capture()
     remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),
                          trace_state=TraceState([("vendor", "v1")]))
@@ -128,16 +122,61 @@ def test_a_snapshot_is_plain_named_fields():
                                                 attributes={"k": "v", "n": (1, 2)},
                                                 links=[Link(remote, {"why": "test"})]) as span:
         span.add_event("e", {"x": 1.5})
-    sent = wire.snapshot(capture.ends[0][0], Payload(Subject.TOOL, ["t0", "t1"]), None)
-    assert sent._fields == wire.SpanSnapshot._fields
-    assert all(plain(field) for field in sent[:-2]), sent
-    assert (sent.name, sent.attributes, sent.kind, sent.status_code) == ("s", {"k": "v", "n": (1, 2)},
-                                                                         SpanKind.INTERNAL, StatusCode.UNSET)
-    assert (sent.trace_id, sent.parent_id, sent.parent_remote, sent.trace_state) == (
-        0x1234, 0x5678, True, (("vendor", "v1"),))
-    assert sent.scope == ("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0",
-                          (("scope.attr", "yes"),))
-    assert sent.payload == (Subject.TOOL, ["t0", "t1"])  # other data goes as it is
+    ended = capture.ends[0][0]
+    sent = wire.pack(ended, Payload(Subject.TOOL, ["t0", "t1"]), None)
+    assert type(sent) is tuple and len(sent) == len(TUPLE_FIELDS) + 3
+    record = dict(zip(TUPLE_FIELDS, sent))
+    assert (record["name"], record["attributes"], record["kind"], record["status_code"]) == (
+        "s", {"k": "v", "n": (1, 2)}, SpanKind.INTERNAL, StatusCode.UNSET)
+    assert (record["trace_id"], record["parent_id"], record["parent_remote"], record["trace_state"]) == (
+        0x1234, 0x5678, True, TraceState([("vendor", "v1")]))
+    scope, sent_payload, shared = sent[len(TUPLE_FIELDS):]
+    assert scope == ("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0", (("scope.attr", "yes"),))
+    assert type(sent_payload) is tuple and sent_payload == (Subject.TOOL, ["t0", "t1"])  # other data goes as it is
+    assert shared is None
+    assert not any(isinstance(value, Resource) for value in sent)
+
+
+def _full_record() -> SpanRecord:
+    """A record with every field set to something other than its default."""
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    state = TraceState([("vendor", "v1"), ("other", "o2")])
+    return SpanRecord(
+        "chat m", 0x1234, 0x5678, TraceFlags.SAMPLED, state, 0x9ABC, True, SpanKind.CLIENT, 1_000, 2_000,
+        {"a": 1, "b": (1.5, 2.5), "c": "three"},
+        (EventRecord("first", 1_500, {"e": 1}, 2), EventRecord("second", 1_600, {})),
+        (LinkRecord(0xABC, 0xDEF, 1, TraceState([("k", "v")]), True, {"l": 1}, 3),
+         LinkRecord(0xABD, 0xDF0, 0, None, False, {})),
+        StatusCode.ERROR, "boom", 4, 5, 6, RESOURCE,
+        InstrumentationScope("otel_verl.test", "1.2.3", "https://opentelemetry.io/schemas/1.21.0", {"s": "yes"}),
+        Payload(Subject.TOOL, ["t0", "t1"]))
+
+
+def test_a_record_crosses_the_wire_equal_field_by_field():
+    record = _full_record()
+    assert all(getattr(record, field) not in (None, 0, (), {}) for field in FIELDS)  # every field exercised
+    rebuilt = wire.Rebuilder(CONFIG).record(_crossed(wire.pack(record, record.payload, None)))
+    assert type(rebuilt) is SpanRecord
+    for field in FIELDS:
+        assert getattr(rebuilt, field) == getattr(record, field), field
+    assert type(rebuilt.payload) is Payload and type(rebuilt.events[0]) is EventRecord
+    assert type(rebuilt.links[0]) is LinkRecord and rebuilt.links[0].context == record.links[0].context
+
+
+def test_the_record_has_one_field_list():
+    """Its slots, its constructor and its tuple form follow FIELDS; pickle takes that form."""
+    assert SpanRecord.__slots__ == FIELDS + ("_context",)
+    init = SpanRecord.__init__.__code__
+    assert init.co_varnames[1:init.co_argcount] == FIELDS
+    record = _full_record()
+    assert to_tuple(record) == tuple(getattr(record, field) for field in TUPLE_FIELDS)
+    again = from_tuple(to_tuple(record), record.resource, record.scope, record.payload)
+    assert all(getattr(again, field) == getattr(record, field) for field in FIELDS)
+    changed = record.replace(name="other", resource=None, scope=None)  # (the SDK's hold a lock: no pickle)
+    assert (changed.name, changed.resource, changed.events) == ("other", None, record.events)
+    pickled = pickle.loads(pickle.dumps(changed))
+    assert all(getattr(pickled, field) == getattr(changed, field) for field in FIELDS)
 
 
 def _trajectory() -> TrajectoryData:
@@ -180,23 +219,22 @@ def test_a_trajectory_crosses_whole_at_its_end_with_its_tokenizer_by_id():
     shared_id = lambda codec: shared.append(codec) or 7  # noqa: E731
 
     [(started, started_payload, attributes), (turn_started, turn_payload, _)] = capture.starts
-    at_start = _crossed(wire.snapshot(started, started_payload, shared_id, attributes))
+    at_start = _crossed(wire.pack(started, started_payload, shared_id, attributes))
     subject, sent = _payload(at_start)
-    assert at_start.shared is None and subject is Subject.TRAJECTORY
+    assert at_start[-1] is None and subject is Subject.TRAJECTORY  # no shared id
     assert sent.turns == [] and sent.agent_metrics == {}
     assert (sent.uid, sent.traj_uid, sent.agent_name) == ("u", "0", "tool_agent")
     # a turn's data goes with its trajectory only
-    assert _payload(_crossed(wire.snapshot(turn_started, turn_payload, shared_id, {}))) == Payload(Subject.LLM_CALL)
-    assert _payload(_crossed(wire.snapshot(*capture.ends[0], shared_id))) == Payload(Subject.LLM_CALL)
+    assert _payload(_crossed(wire.pack(turn_started, turn_payload, shared_id, {}))) == Payload(Subject.LLM_CALL)
+    assert _payload(_crossed(wire.pack(*capture.ends[0], shared_id))) == Payload(Subject.LLM_CALL)
     assert shared == []
 
-    at_end = _crossed(wire.snapshot(*capture.ends[1], shared_id))
-    assert shared == [data.codec] and at_end.shared == 7
-    sent = _payload(at_end).data
-    assert sent.codec is None
-    assert _fields(sent) == dict(_fields(data), codec=None)
-    sent.received(data.codec)  # as the export process does
+    at_end = _crossed(wire.pack(*capture.ends[1], shared_id))
+    assert shared == [data.codec] and at_end[-1] == 7
+    assert _payload(at_end).data.codec is None  # the export process has no shared object 7
+    sent = _payload(at_end, {7: data.codec}).data  # it hands the one it has to the data
     assert sent.codec is data.codec
+    assert _fields(sent) == _fields(data)
     assert all(type(turn.completion_ids) is array for turn in sent.turns)
     later = sent.turns[1].prompt_ids  # a later turn's prompt: the ids after the previous completion
     assert type(later) is PromptTail and later.start == 23 and len(later) == 25
@@ -230,10 +268,10 @@ def test_the_export_process_reads_a_payload_from_a_span_start_to_its_end():
     payload.end_span(rollout)
     host = Host(CONFIG, processors=[Reader()])
     rollout_start, rollout_payload, start_attributes = capture.starts[0]
-    host.export(wire.snapshot(rollout_start, rollout_payload, None, start_attributes))
+    host.export(wire.pack(rollout_start, rollout_payload, None, start_attributes))
     assert payload.open_count() == open_before  # each record carries its payload: nothing kept by id
     for ended, ended_payload in capture.ends:
-        host.export(wire.snapshot(ended, ended_payload, None))
+        host.export(wire.pack(ended, ended_payload, None))
     assert seen == [("start", "rollout", Payload(Subject.ROLLOUT, ["t0"])), ("end", "plain", None),
                     ("end", "rollout", Payload(Subject.ROLLOUT, ["t0"]))]
     assert payload.open_count() == open_before
@@ -319,7 +357,7 @@ def test_an_export_process_whose_traced_process_is_gone_still_writes_what_it_was
     config = dataclasses.replace(CONFIG, settings=settings.load({settings.TRACE_DIR: str(tmp_path),
                                                                  settings.OTLP_FILE: "1"}))
     frames = b"".join(wire.frame(m) for m in (
-        wire.Hello(wire.VERSION), wire.Config(config), wire.Spans([wire.snapshot(span, span_payload, None)], 1),
+        wire.Hello(wire.VERSION), wire.Config(config), wire.Spans([wire.pack(span, span_payload, None)], 1),
         wire.Close(1, {"failures": {}, "dropped": {}})))
     read_end, write_end = os.pipe()
     os.close(read_end)  # the traced process is gone

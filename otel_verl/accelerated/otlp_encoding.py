@@ -35,7 +35,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_verl import health
 from otel_verl.ids import repair_text
-from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable
+from otel_verl.record import SpanRecord, from_readable
 
 # Bounds of the caches: a process has one resource and a few scopes; attribute keys are
 # the semantic conventions' and a few dynamic ones (server timing keys).
@@ -633,16 +633,11 @@ def well_formed_record(record: SpanRecord) -> SpanRecord:
     if not _well_formed_scope(scope):
         scope = InstrumentationScope(_repaired(scope.name), _repaired(scope.version), _repaired(scope.schema_url),
                                      _repaired(dict(getattr(scope, "attributes", None) or {})))
-    return SpanRecord(
-        _repaired(record.name), record.trace_id, record.span_id, record.trace_flags, record.trace_state,
-        record.parent_id, record.parent_remote, record.kind, record.start_time, record.end_time,
-        _repaired(record.attributes),
-        tuple(EventRecord(_repaired(e.name), e.timestamp, _repaired(e.attributes), e.dropped_attributes)
-              for e in record.events),
-        tuple(LinkRecord(link.trace_id, link.span_id, link.trace_flags, link.trace_state, link.is_remote,
-                         _repaired(link.attributes), link.dropped_attributes) for link in record.links),
-        record.status_code, _repaired(record.status_message), record.dropped_attributes, record.dropped_events,
-        record.dropped_links, resource, scope, record.payload)
+    return record.replace(
+        name=_repaired(record.name), attributes=_repaired(record.attributes),
+        events=tuple(e._replace(name=_repaired(e.name), attributes=_repaired(e.attributes)) for e in record.events),
+        links=tuple(link._replace(attributes=_repaired(link.attributes)) for link in record.links),
+        status_message=_repaired(record.status_message), resource=resource, scope=scope)
 
 
 def _well_formed(value: Any) -> bool:

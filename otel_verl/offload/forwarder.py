@@ -2,10 +2,11 @@
 
 ``on_start`` / ``on_end`` only queue the span with its payload (a start also with a copy
 of its attributes: the caller goes on setting more). A sender thread wakes every 50 ms,
-or when a batch is full, turns what is queued into snapshots (:mod:`otel_verl.offload.wire`),
-pickles them by batches of 512 and writes the frames to the export process's stdin. A
-reply thread per export process reads its answers: its :class:`~wire.Hello` (the wire
-versions must match before a span is written), its flush answers and health counters.
+or when a batch is full, packs what is queued (each span's record in its plain-tuple form,
+:func:`otel_verl.offload.wire.pack`), pickles them by batches of 512 and writes the frames
+to the export process's stdin. A reply thread per export process reads its answers: its
+:class:`~wire.Hello` (the wire versions must match before a span is written), its flush
+answers and health counters.
 Nothing here waits on the export process except :meth:`force_flush` and
 :meth:`shutdown`, each within its own time bound.
 
@@ -314,7 +315,7 @@ class OffloadSpanProcessor(SpanProcessor):
         pending = self._pending
         left = len(pending)
         while left > 0 and not self._child.write_failed:
-            batch: List[wire.SpanSnapshot] = []
+            batch: List[tuple] = []  # packed spans
             flush = None
             taken = 0
             while left > 0 and len(batch) < self.max_batch:
@@ -328,16 +329,16 @@ class OffloadSpanProcessor(SpanProcessor):
                     flush = (span, payload)  # its seq and timeout
                     break  # what was queued after it goes after the Flush
                 try:
-                    batch.append(wire.snapshot(span, payload, self._shared_id, start_attributes))
+                    batch.append(wire.pack(span, payload, self._shared_id, start_attributes))
                 except Exception as exc:
-                    health.record_failure("offload.snapshot", exc)
+                    health.record_failure("offload.pack", exc)
                     self._lost(kind is ENDED, "a span could not be read")
             with self._queue_lock:
                 self._pending_bytes -= taken
                 queued = self._queued_ends
             self._send_batch(batch, flush, queued)
 
-    def _send_batch(self, batch: List[wire.SpanSnapshot], flush: Optional[Tuple[int, Optional[int]]],
+    def _send_batch(self, batch: List[tuple], flush: Optional[Tuple[int, Optional[int]]],
                     queued: int) -> None:
         """Sends ``batch`` and then, given ``(seq, timeout_ms)``, a Flush."""
         child = self._child
@@ -362,15 +363,15 @@ class OffloadSpanProcessor(SpanProcessor):
                 self._wake.set()  # its death counts what it was sent
                 return
 
-    def _spans_frame(self, batch: List[wire.SpanSnapshot], queued: int) -> Tuple[bytes, int]:
-        """The frame of ``batch`` and how many span ends it carries."""
+    def _spans_frame(self, batch: List[tuple], queued: int) -> Tuple[bytes, int]:
+        """The frame of ``batch`` (packed spans) and how many span ends it carries."""
         try:
-            return wire.frame(wire.Spans(batch, queued)), _ends(batch)
+            return wire.frame(wire.Spans(batch, queued)), wire.ends(batch)
         except Exception as exc:  # a payload that does not pickle: the rest of the batch still goes
             health.record_failure("offload.send", exc)
-            sent = [snapshot for snapshot in batch if _pickles(snapshot)]
-            self._lost(_ends(batch) - _ends(sent), "a span could not be pickled")
-            return wire.frame(wire.Spans(sent, queued)), _ends(sent)
+            sent = [packed for packed in batch if _pickles(packed)]
+            self._lost(wire.ends(batch) - wire.ends(sent), "a span could not be pickled")
+            return wire.frame(wire.Spans(sent, queued)), wire.ends(sent)
 
     def _send_close(self) -> None:
         """Tells the export process this process sent all it will (with its final counts and
@@ -790,13 +791,9 @@ class WireVersionError(Exception):
     """The export process speaks another wire version (otel_verl changed in place?)."""
 
 
-def _ends(snapshots: List[wire.SpanSnapshot]) -> int:
-    return sum(snapshot.end_time is not None for snapshot in snapshots)
-
-
-def _pickles(snapshot: wire.SpanSnapshot) -> bool:
+def _pickles(packed: tuple) -> bool:
     try:
-        wire.frame(snapshot)
+        wire.frame(packed)
     except Exception:
         return False
     return True

@@ -76,7 +76,8 @@ class Host:
 
             processors = outputs.build(config.settings, config.resource_attributes)
         processors = list(processors)
-        self.rebuilder = wire.Rebuilder(config)
+        self.shared: Dict[int, Any] = {}  # what payloads name, by id (see wire.Shared)
+        self.rebuilder = wire.Rebuilder(config, self.shared)
         # as the served process's provider calls them, within the share of the end's deadline
         # the served process gave this process (its settings' shutdown_timeout_s)
         self.processor = IsolatingSpanProcessor(config.settings.shutdown_timeout_s)
@@ -86,7 +87,6 @@ class Host:
         # metrics), the loss file last
         self.file_outputs = sorted((p for p in processors if getattr(p, "writes_files", False)), key=finish_order)
         self.replies = Replies(reply if reply is not None else io.BytesIO())
-        self.shared: Dict[int, Any] = {}  # what payloads name, by id (see wire.Shared)
         self.received_ends = 0
         self.queued_ends = 0  # as the served process last said
         # span ends it had queued before this process started (sent to one before it) and,
@@ -97,9 +97,9 @@ class Host:
 
     def handle(self, message: Any) -> None:
         if isinstance(message, wire.Spans):
-            for snapshot in message.spans:
-                self.export(snapshot)
-                self.received_ends += snapshot.end_time is not None
+            for packed in message.spans:
+                self.export(packed)
+            self.received_ends += wire.ends(message.spans)
             self.queued_ends = message.queued
         elif isinstance(message, wire.Shared):
             try:
@@ -122,20 +122,18 @@ class Host:
         else:
             raise TypeError(f"unexpected message {type(message).__name__}")
 
-    def export(self, snapshot: wire.SpanSnapshot) -> None:
-        """One span's start or end to the processors, as a record carrying its payload
-        (as the served process's spans carry theirs)."""
+    def export(self, packed: tuple) -> None:
+        """One span's start or end (packed, see wire.pack) to the processors, as its record
+        carrying its payload (as the served process's records carry theirs)."""
         try:
-            span = self.rebuilder.span(snapshot)  # carrying its payload
-            if snapshot.shared is not None:  # e.g. a trajectory's tokenizer
-                span.payload.data.received(self.shared.get(snapshot.shared))
+            record = self.rebuilder.record(packed)
         except Exception as exc:
             health.record_failure("offload.rebuild", exc)
             return
-        if snapshot.end_time is None:
-            self.processor.on_start(span, None)
+        if record.end_time is None:
+            self.processor.on_start(record, None)
         else:
-            self.processor.on_end(span)
+            self.processor.on_end(record)
 
     def close(self) -> None:
         """The end of the input: what the served process queued and never sent is counted

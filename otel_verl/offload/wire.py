@@ -8,8 +8,8 @@ Traced process -> export process (its stdin):
 - :class:`Hello` first, then :class:`Config`;
 - :class:`Shared`: an object that payloads name (a trajectory's tokenizer), once, before
   the first span that names it; :class:`ForgetShared` once no later span will;
-- :class:`Spans`: span snapshots, in the order the spans started and ended, with how many
-  span ends the traced process had queued so far;
+- :class:`Spans`: span starts and ends, in the order they came, each a record packed
+  (:func:`pack`), with how many span ends the traced process had queued so far;
 - :class:`Flush`: answered with :class:`Flushed` once every file output has written (or
   counted) everything sent before it; OTLP is not waited for (what it cannot send is its
   own loss, counted in the export process). That answer acknowledges those spans: the
@@ -33,11 +33,14 @@ Each end checks the other's :class:`Hello`: on a different :data:`VERSION` the e
 process exits without reading further, and the traced process counts every span it
 could not send as lost.
 
-A :class:`SpanSnapshot` is a span's :class:`~otel_verl.record.SpanRecord` (what every
-output reads) in plain tuples, with its :class:`~otel_verl.payload.Payload`; the export
-process rebuilds the record. A start (``end_time`` None) is the span as it started: its
-name, ids, kind, start time, links, scope and the attributes it had then. The resource is
-the traced process's, sent once in :class:`Config`.
+A span crosses as its :class:`~otel_verl.record.SpanRecord` (what every output reads) in
+the record's plain-tuple form (:func:`~otel_verl.record.to_tuple`), followed by what the
+wire carries apart: its scope's fields (the same tuple for every span of a scope, which a
+batch pickles once), its :class:`~otel_verl.payload.Payload` and the :class:`Shared` id
+that payload names. The export process rebuilds the record (:class:`Rebuilder`). A start
+(``end_time`` None) is the span as it started: its name, ids, kind, start time, links,
+scope and the attributes it had then. The resource is the traced process's, sent once in
+:class:`Config`.
 
 A payload goes as its data says (``sent``, see :mod:`otel_verl.payload`), else as it is;
 what that data names to be sent once (a tokenizer does not pickle cheaply) goes as a
@@ -57,12 +60,11 @@ from typing import Any, BinaryIO, Callable, Dict, List, NamedTuple, Optional, Tu
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanKind, StatusCode, TraceState
 
 from otel_verl.payload import Payload
-from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable, link_record
+from otel_verl.record import TUPLE_FIELDS, SpanRecord, from_readable, from_tuple, link_record, to_tuple
 
-VERSION = 5  # of this wire format: a change to any message below needs a new one
+VERSION = 6  # of this wire format: a change to any message below needs a new one
 FINAL = -1  # the seq of the Flushed sent at exit
 UNSENDABLE = -1  # the id of a shared object that could not be pickled
 OFFLOAD_OUTPUT = "offload"  # the health counters' name for spans the export process never got
@@ -143,44 +145,9 @@ class Flushed(NamedTuple):
     counts: Dict[str, Dict[str, int]]
 
 
-class SpanSnapshot(NamedTuple):
-    """A span as it crosses: the fields of its :class:`~otel_verl.record.SpanRecord`, in
-    plain tuples where the record has named ones, so that a batch pickles in C."""
-
-    name: str
-    trace_id: int
-    span_id: int
-    trace_flags: int
-    trace_state: Tuple[Tuple[str, str], ...]
-    parent_id: int  # 0: a root
-    parent_remote: bool
-    kind: SpanKind
-    start_time: int
-    end_time: Optional[int]  # None: the span's start
-    attributes: Dict[str, Any]
-    events: Tuple[tuple, ...]  # EventRecord fields
-    links: Tuple[tuple, ...]  # LinkRecord fields, the trace state as pairs
-    status_code: StatusCode
-    status_message: Optional[str]
-    dropped_attributes: int
-    dropped_events: int
-    dropped_links: int
-    scope: Optional[Tuple[str, Optional[str], str, Tuple[Tuple[str, Any], ...]]]  # name, version, schema, attributes
-    payload: Optional[Tuple[Any, Any]]  # (subject, data)
-    shared: Optional[int]  # what its payload names (see Shared)
-
-
 class Spans(NamedTuple):
-    spans: List[SpanSnapshot]
+    spans: List[tuple]  # records, each as pack() made it
     queued: int = 0  # span ends the traced process had queued when it sent these
-
-    def __reduce__(self) -> Any:
-        # pickle reduces every NamedTuple through a Python call; plain tuples pickle in C
-        return _spans_from_tuples, (list(map(tuple, self.spans)), self.queued)
-
-
-def _spans_from_tuples(spans: List[tuple], queued: int) -> Spans:
-    return Spans(list(map(SpanSnapshot._make, spans)), queued)
 
 
 class SharedCount:
@@ -262,12 +229,15 @@ def dumps_shared(shared: Any) -> bytes:
     return cloudpickle.dumps(shared, PICKLE_PROTOCOL)
 
 
-# --------------------------------------------------------------------------- snapshots (traced process)
+# --------------------------------------------------------------------------- spans out (traced process)
+
+_OWN = len(TUPLE_FIELDS)  # a packed span: the record's tuple form, then scope, payload, shared id
+_END_TIME = TUPLE_FIELDS.index("end_time")
 
 
-def snapshot(span: Any, payload: Optional[Payload], shared_id: Callable[[Any], int],
-             start_attributes: Optional[Dict[str, Any]] = None) -> SpanSnapshot:
-    """``span`` as a snapshot: its end (a :class:`~otel_verl.record.SpanRecord`, or the
+def pack(span: Any, payload: Optional[Payload], shared_id: Callable[[Any], int],
+         start_attributes: Optional[Dict[str, Any]] = None) -> tuple:
+    """``span`` as it crosses: its end (a :class:`~otel_verl.record.SpanRecord`, or the
     SDK's ``ReadableSpan`` of another tracer), or with ``start_attributes`` (its
     attributes when it started) its start. ``shared_id`` names what the payload's data
     sends once."""
@@ -275,19 +245,14 @@ def snapshot(span: Any, payload: Optional[Payload], shared_id: Callable[[Any], i
         span = _started(span, start_attributes)
     elif type(span) is not SpanRecord:
         span = from_readable(span)
+    scope = span.scope
     sent, shared = _sent_data(payload, span.end_time is None, shared_id)
-    state = span.trace_state
-    return _new_snapshot(SpanSnapshot, (
-        span.name, span.trace_id, span.span_id, int(span.trace_flags), tuple(state.items()) if state else (),
-        span.parent_id, span.parent_remote, span.kind, span.start_time, span.end_time, span.attributes,
-        tuple(map(tuple, span.events)) if span.events else (),
-        tuple(map(_link_fields, span.links)) if span.links else (),
-        span.status_code, span.status_message, span.dropped_attributes, span.dropped_events, span.dropped_links,
-        _scope(span.scope) if span.scope is not None else None, sent, shared,
-    ))
+    return to_tuple(span) + (_scope(scope) if scope is not None else None, sent, shared)
 
 
-_new_snapshot = tuple.__new__  # a NamedTuple without its Python __new__
+def ends(spans: List[tuple]) -> int:
+    """How many of the packed ``spans`` are ends (the others are starts)."""
+    return sum(span[_END_TIME] is not None for span in spans)
 
 
 def _started(span: Any, attributes: Dict[str, Any]) -> SpanRecord:
@@ -301,12 +266,6 @@ def _started(span: Any, attributes: Dict[str, Any]) -> SpanRecord:
         dropped_attributes=span.dropped_attributes, dropped_links=span.dropped_links,
         scope=span.instrumentation_scope,
     )
-
-
-def _link_fields(link: LinkRecord) -> tuple:
-    state = link.trace_state
-    return (link.trace_id, link.span_id, link.trace_flags, tuple(state.items()) if state else (), link.is_remote,
-            link.attributes, link.dropped_attributes)
 
 
 def copied(attributes: Any) -> Dict[str, Any]:
@@ -352,25 +311,23 @@ def _scope(scope: InstrumentationScope) -> tuple:
 
 
 class Rebuilder:
-    """Snapshots back into :class:`~otel_verl.record.SpanRecord` objects (what the served
-    process's outputs get), with the served process's resource."""
+    """Packed spans back into :class:`~otel_verl.record.SpanRecord` objects (what the
+    served process's outputs get), with the served process's resource, and the shared
+    objects their payloads name handed to the payloads' data (``shared``: by id, see
+    :class:`Shared`)."""
 
-    def __init__(self, config: HostConfig) -> None:
+    def __init__(self, config: HostConfig, shared: Optional[Dict[int, Any]] = None) -> None:
         self.resource = Resource(config.resource_attributes, config.resource_schema_url)
+        self.shared: Dict[int, Any] = {} if shared is None else shared
         self._scopes: Dict[tuple, InstrumentationScope] = {}
 
-    def span(self, s: SpanSnapshot) -> SpanRecord:
-        payload = s.payload
-        return SpanRecord(
-            s.name, s.trace_id, s.span_id, s.trace_flags, _trace_state(s.trace_state), s.parent_id, s.parent_remote,
-            s.kind, s.start_time, s.end_time, s.attributes,
-            tuple(EventRecord(*event) for event in s.events) if s.events else (),
-            tuple(LinkRecord(trace_id, span_id, flags, _trace_state(state), remote, attributes, dropped)
-                  for trace_id, span_id, flags, state, remote, attributes, dropped in s.links) if s.links else (),
-            s.status_code, s.status_message, s.dropped_attributes, s.dropped_events, s.dropped_links, self.resource,
-            self._scope(s.scope) if s.scope is not None else None,
-            Payload(*payload) if payload is not None else None,
-        )
+    def record(self, packed: tuple) -> SpanRecord:
+        scope, payload, shared = packed[_OWN:]
+        if payload is not None:
+            payload = _new_payload(Payload, payload)
+            if shared is not None:  # e.g. a trajectory's tokenizer
+                payload.data.received(self.shared.get(shared))
+        return from_tuple(packed[:_OWN], self.resource, self._scope(scope) if scope is not None else None, payload)
 
     def _scope(self, scope: tuple) -> InstrumentationScope:
         made = self._scopes.get(scope)
@@ -380,5 +337,4 @@ class Rebuilder:
         return made
 
 
-def _trace_state(pairs: Tuple[Tuple[str, str], ...]) -> Optional[TraceState]:
-    return TraceState(list(pairs)) if pairs else None
+_new_payload = tuple.__new__  # a Payload without its NamedTuple's Python __new__
