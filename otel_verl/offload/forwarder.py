@@ -71,9 +71,9 @@ class OffloadSpanProcessor(SpanProcessor):
     process's spans; see the module docs.
 
     ``start_subjects``: the payload subjects whose start an output reads (``None``: every
-    span's); other spans go once, when they end (OTLP reads ends only). ``end_subjects``: those whose end an output reads
-    (``None``: every span's, as OTLP does); the others' spans are neither sent nor, where
-    nothing else needs them, made. ``in_process_outputs``: makes the span processors
+    span's); other spans go once, when they end (OTLP reads ends only). ``end_subjects``:
+    those whose end an output reads (``None``: every span's, as OTLP does); the others'
+    spans are neither sent nor, where nothing else needs them, made. ``in_process_outputs``: makes the span processors
     this process runs itself once no export process can (``outputs.build``)."""
 
     def __init__(
