@@ -201,14 +201,23 @@ def test_no_import_cycle():
     assert not cycles, "\n".join(_describe(c, edges) for c in cycles)
 
 
+def _paths_into(sources: Tuple[str, ...], goals: Tuple[str, ...], edges: List[Edge]) -> List[str]:
+    """Every import path from a module within ``sources`` to one within ``goals``."""
+    found = []
+    for start in sorted({src for src, _, _ in edges if _within(src, sources)}):
+        reached = _reachable(start, edges)
+        found += [_path(start, goal, reached) for goal in sorted(reached) if _within(goal, goals)]
+    return found
+
+
+def _importers(packages: Tuple[str, ...], edges: List[Edge]) -> Set[str]:
+    return {src for src, _, _ in edges if _within(src, packages)}
+
+
 def test_the_instrumentation_never_imports_the_configurator():
     edges = import_graph()
-    starts = sorted({src for src, _, _ in edges if _within(src, INSTRUMENTATION)})
-    assert "otel_verl.instrumentation.hooks" in starts and "otel_verl.events.worker" in starts
-    found = []
-    for start in starts:
-        reached = _reachable(start, edges)
-        found += [_path(start, goal, reached) for goal in CONFIGURATOR if goal in reached]
+    assert {"otel_verl.instrumentation.hooks", "otel_verl.events.worker"} <= _importers(INSTRUMENTATION, edges)
+    found = _paths_into(INSTRUMENTATION, CONFIGURATOR, edges)
     assert not found, "\n".join(found)
 
 
@@ -247,12 +256,9 @@ BELOW_THE_CONFIGURATOR = ("otel_verl.offload", "otel_verl.exporters", "otel_verl
 
 def test_the_outputs_and_the_export_process_never_reach_the_configurator():
     edges = import_graph()
-    starts = sorted({src for src, _, _ in edges if _within(src, BELOW_THE_CONFIGURATOR + (OUTPUTS,))})
-    assert "otel_verl.offload.host" in starts and "otel_verl.legacy.sample_csv" in starts
-    found = []
-    for start in starts:
-        reached = _reachable(start, edges)
-        found += [_path(start, goal, reached) for goal in CONFIGURATOR if goal in reached]
+    below = BELOW_THE_CONFIGURATOR + (OUTPUTS,)
+    assert {"otel_verl.offload.host", "otel_verl.legacy.sample_csv"} <= _importers(below, edges)
+    found = _paths_into(below, CONFIGURATOR, edges)
     assert not found, "\n".join(found)
 
 
@@ -277,13 +283,8 @@ def test_the_accelerators_import_no_configurator_legacy_output_events_or_instrum
     reach, directly or not, is the configurator, a legacy output, the events API or a wrapper
     of verl."""
     edges = import_graph()
-    starts = sorted({src for src, _, _ in edges if _within(src, ACCELERATED)})
-    assert "otel_verl.accelerated.otlp_exporter" in starts and "otel_verl.accelerated.batch" in starts
-    found = []
-    for start in starts:
-        reached = _reachable(start, edges)
-        found += [_path(start, goal, reached) for goal in sorted(reached)
-                  if _within(goal, CONFIGURATOR + LEGACY + INSTRUMENTATION)]
+    assert {"otel_verl.accelerated.otlp_exporter", "otel_verl.accelerated.batch"} <= _importers(ACCELERATED, edges)
+    found = _paths_into(ACCELERATED, CONFIGURATOR + LEGACY + INSTRUMENTATION, edges)
     assert not found, "\n".join(found)
 
 
