@@ -50,8 +50,8 @@ def test_every_variant_and_scenario_present(ci_run):
         # the export process's CPU is read apart, and only that variant has one
         assert scenario["variants"]["legacy+otlp offload"]["worker_export_s"] > 0
         assert scenario["variants"]["legacy+otlp"]["worker_export_s"] == 0
-    for label in ("Per step, by variant", "Targets", "Installed-but-disabled", "legacy+otlp", "seed",
-                  "via an export process"):
+    for label in ("Per step, by variant", "Against the goals", "Installed-but-disabled", "legacy+otlp", "seed",
+                  "via its export process"):
         assert label in stdout
 
 

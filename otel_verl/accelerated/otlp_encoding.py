@@ -35,7 +35,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_verl import health
 from otel_verl.ids import repair_text
-from otel_verl.record import SpanRecord, from_readable
+from otel_verl.record import EventRecord, LinkRecord, SpanRecord, from_readable
 
 # Bounds of the caches: a process has one resource and a few scopes; attribute keys are
 # the semantic conventions' and a few dynamic ones (server timing keys).
@@ -635,8 +635,10 @@ def well_formed_record(record: SpanRecord) -> SpanRecord:
                                      _repaired(dict(getattr(scope, "attributes", None) or {})))
     return record.replace(
         name=_repaired(record.name), attributes=_repaired(record.attributes),
-        events=tuple(e._replace(name=_repaired(e.name), attributes=_repaired(e.attributes)) for e in record.events),
-        links=tuple(link._replace(attributes=_repaired(link.attributes)) for link in record.links),
+        events=tuple(EventRecord(_repaired(e.name), e.timestamp, _repaired(e.attributes), e.dropped_attributes)
+                     for e in record.events),
+        links=tuple(LinkRecord(*link[:5], _repaired(link.attributes), link.dropped_attributes)
+                    for link in record.links),
         status_message=_repaired(record.status_message), resource=resource, scope=scope)
 
 
