@@ -1,11 +1,11 @@
 """In-process data that rides with a span without being exported over OTLP.
 
-The legacy outputs need more than a span's attributes: a trajectory's turns with their
-token ids, the engine's timing as the JSONL wants it, the worker's tokenizer. Token ids
-on OTLP spans would be costly (a trajectory holds thousands), and message content a
-privacy leak (GenAI content capture is opt-in). The events API starts each span with a
-:class:`Payload` (what the span stands for, and that data); span processors read it with
-:func:`payload_of`; OTLP exporters never see it.
+Some outputs need more than a span's attributes: a trajectory's turns with their token
+ids, the engine's timing of each request, the worker's tokenizer
+(:mod:`otel_verl.rollout_data`). Token ids on OTLP spans would be costly (a trajectory
+holds thousands), and message content a privacy leak (GenAI content capture is opt-in).
+The events API starts each span with a :class:`Payload` (what the span stands for, and
+that data); outputs read it with :func:`payload_of`; OTLP exporters never see it.
 
 A span's payload is readable from the start of its ``on_start`` to the end of its
 ``on_end``. It rides on the span: an events-API span (``SlimSpan``) holds it and hands it
@@ -16,16 +16,14 @@ processors' ``on_start`` gets it through a context variable (a tracer calls them
 (a batch writer) keeps a reference to it.
 
 A span's payload goes to an export process with the span (:mod:`otel_verl.offload.wire`)
-as it is, unless its data says otherwise with two methods: ``sent(at_end)`` returns what
-of it crosses with the span's start or end (``None``: nothing) and an object it names
-that crosses once for all data naming it (``None``: none); ``received(shared)`` gives
-that object back to the copy the export process rebuilt.
+as it is (plain values: a batch stage's traj_uids), unless its data is a
+:class:`PayloadData`, which says what of it crosses, and when.
 """
 
 from __future__ import annotations
 
 import contextvars
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Protocol, Tuple, runtime_checkable
 
 from opentelemetry.trace import Span, Tracer
 
@@ -34,11 +32,26 @@ from otel_verl.slim_span import SlimSpan
 
 
 class Payload(NamedTuple):
-    """What a span stands for, and the data the legacy outputs read of it (e.g. a
-    :mod:`otel_verl.legacy.records` type, a batch stage's traj_uids)."""
+    """What a span stands for, and the data outputs read of it beyond its attributes: a
+    :class:`PayloadData`, or plain values (a batch stage's traj_uids)."""
 
     subject: Subject
     data: Any = None
+
+
+@runtime_checkable
+class PayloadData(Protocol):
+    """A payload's data that chooses what of it crosses to an export process. (It may
+    also say about the memory it holds, ``approx_bytes()``, which the bounded queues it
+    waits in count.)"""
+
+    def sent(self, at_end: bool) -> Tuple[Any, Any]:
+        """What crosses with the span's start (``at_end`` false) or end (``None``:
+        nothing), and an object it names that crosses once for all data naming it
+        (``None``: none; a tokenizer)."""
+
+    def received(self, shared: Any) -> None:
+        """The named object, given back to the copy the export process rebuilt."""
 
 
 # --------------------------------------------------------------------------- span <-> payload

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from otel_verl import events, payload, semconv as sc
 from otel_verl.ids import trace_id_for_uid
-from otel_verl.legacy.records import TrajectoryData, TurnData
+from otel_verl.rollout_data import TrajectoryData, TurnData
 from otel_verl.semconv import Subject, Stage
 
 
@@ -347,7 +347,7 @@ def test_a_span_no_output_reads_is_not_made_and_what_it_records_still_arrives(ma
     traj, server, reward, actor = one_trajectory("u1")
     assert (server.span, reward.span, actor.span) == (None, None, None)
     assert traj.turns[0].server_meta == {"queue_time": 0.5, "e2e_latency": 0.8, "prompt_tokens": 3}
-    assert traj.reward_score == 1.0 and traj.reward_row[1] == 1.0
+    assert traj.reward_score == 1.0 and traj.reward_scored[1] == 1.0
     assert [name for _, name, _ in trajectories.seen] == [sc.agent_span_name("single_turn_agent")]
     assert csv.force_flush()
     details = [row.rsplit(",", 1)[-1].strip() for row in open(csv.path, encoding="utf-8")]
@@ -360,7 +360,7 @@ def test_a_span_no_output_reads_is_not_made_and_what_it_records_still_arrives(ma
     assert None not in (server.span, reward.span, actor.span)
     ended = [name for when, name, _ in every.seen if when == "end"]
     assert {sc.SPAN_LLM_SERVER, sc.SPAN_REWARD, sc.SPAN_REWARD_WORKER} <= set(ended)
-    assert traj.reward_row[1] == 1.0
+    assert traj.reward_scored[1] == 1.0
     from otel_verl import health
 
     assert health.snapshot() == {"failures": {}, "dropped": {}}
@@ -379,5 +379,5 @@ def test_a_processor_that_names_its_subjects_wrongly_never_reaches_the_caller(ma
     with events.trajectory("u1", "0", step=1, agent_name="single_turn_agent") as traj:
         with events.reward() as reward:
             reward.score(0.5)
-    assert traj.reward_score == 0.5 and traj.reward_row[1] == 0.5
+    assert traj.reward_score == 0.5 and traj.reward_scored[1] == 0.5
     assert health.snapshot()["failures"].get("events.start_span", 0) >= 1

@@ -235,19 +235,27 @@ LEGACY = ("otel_verl.legacy",)
 
 
 def test_the_legacy_outputs_have_one_way_in():
-    """The events API fills the legacy records through the package's own names, and the
-    outputs module makes the legacy outputs; no wrapper, no part of the export process and
-    no other output imports the legacy layer, and it imports none of them."""
+    """Only the outputs module makes the legacy outputs: no wrapper, no part of the events
+    API or of the export process and no other output imports the legacy layer, directly
+    or not, and it imports none of them."""
     edges = import_graph()
     into = [(src, dst, where) for src, dst, where in edges if _within(dst, LEGACY) and not _within(src, LEGACY)]
-    assert {src for src, _, _ in into} >= {"otel_verl.events.worker", OUTPUTS}
-    allowed = ("otel_verl.events", OUTPUTS)
+    assert OUTPUTS in {src for src, _, _ in into}
     others = [f"{src} -> {dst} ({where})" for src, dst, where in into
-              if not (dst == "otel_verl.legacy" and _within(src, allowed)) and not _within(src, TOOLS)]
+              if not (src == OUTPUTS and dst == "otel_verl.legacy") and not _within(src, TOOLS)]
     assert not others, "\n".join(others)
     out = [f"{src} -> {dst} ({where})" for src, dst, where in edges if _within(src, LEGACY)
            and _within(dst, INSTRUMENTATION + CONFIGURATOR + ("otel_verl.offload", OUTPUTS))]
     assert not out, "\n".join(out)
+
+
+def test_the_instrumentation_reaches_no_legacy_module():
+    """The events API and the wrappers know spans and their payload's data
+    (otel_verl.rollout_data), never a legacy format."""
+    edges = import_graph()
+    assert "otel_verl.rollout_data" in {dst for src, dst, _ in edges if _within(src, INSTRUMENTATION)}
+    found = _paths_into(INSTRUMENTATION, LEGACY, edges)
+    assert not found, "\n".join(found)
 
 
 OUTPUTS = "otel_verl.outputs"  # makes every output, in a traced process and in an export process

@@ -317,7 +317,7 @@ def test_tokenizer_functions_reach_another_process_without_transformers(tmp_path
     from transformers import AutoTokenizer
 
     from otel_verl.demo.tiny_model import ensure_tiny_model
-    from otel_verl.legacy.tokenizer import text_codec
+    from otel_verl.text_codec import text_codec
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path / "model")))
     text = "hello <tool_call>world</tool_call> 12 + 30 = 42 <|im_end|>"

@@ -21,7 +21,7 @@ import fault_workload
 from otel_verl import bootstrap, events, health, outputs, settings
 from otel_verl.instrumentation import tracing
 from otel_verl.offload.forwarder import OffloadSpanProcessor
-from otel_verl.legacy.records import TrajectoryData, TurnData
+from otel_verl.rollout_data import TrajectoryData, TurnData
 
 UIDS = [f"u{i}" for i in range(6)]
 
@@ -415,8 +415,8 @@ def test_the_sender_takes_what_was_queued_when_it_woke():
 def _multi_turn(prompt_shapes: str) -> "tuple[TrajectoryData, list]":
     """A finished 4-turn trajectory whose prompts are built the ways agent loops build
     them, and each turn's whole prompt at the call."""
-    from otel_verl.legacy.records import kept_ids, kept_prompt
-    from otel_verl.legacy.tokenizer import TextCodec
+    from otel_verl.rollout_data import kept_ids, kept_prompt
+    from otel_verl.text_codec import TextCodec
 
     data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
                           completed_at=9.0, codec=TextCodec(lambda ids, **kw: ",".join(map(str, ids)),
@@ -459,7 +459,7 @@ def test_multi_turn_prompts_cross_to_the_export_process_as_the_jsonl_reads_them(
     from otel_verl.legacy.trajectory_jsonl import trajectory_line
     from otel_verl.offload import wire
     from otel_verl.offload.host import Host
-    from otel_verl.legacy.records import UnsentTokens
+    from otel_verl.rollout_data import UnsentTokens
     from otel_verl.payload import Payload, payload_of
     from otel_verl.semconv import Subject
 

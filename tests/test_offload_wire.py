@@ -21,8 +21,8 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 
 from otel_verl import health, payload, settings
 from otel_verl.offload import wire
-from otel_verl.legacy.records import PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
-from otel_verl.legacy.tokenizer import TextCodec
+from otel_verl.rollout_data import PromptTail, TrajectoryData, TurnData, UnsentTokens, kept_ids, kept_prompt
+from otel_verl.text_codec import TextCodec
 from otel_verl.payload import Payload
 from otel_verl.record import FIELDS, TUPLE_FIELDS, EventRecord, LinkRecord, SpanRecord, from_tuple, to_tuple
 from otel_verl.semconv import Subject
@@ -183,7 +183,7 @@ def _trajectory() -> TrajectoryData:
     """A finished 3-turn trajectory whose turns hold their ids as the events API keeps them."""
     data = TrajectoryData(uid="u", traj_uid="0", global_step=1, n_samples=4, agent_name="tool_agent", created_at=1.0,
                           completed_at=9.0, agent_metrics={"num_turns": 3}, reward_score=0.5,
-                          agent_loop_class="ToolAgentLoop", run_completed_ns=8, reward_row=(9, 0.5),
+                          agent_loop_class="ToolAgentLoop", run_completed_ns=8, reward_scored=(9, 0.5),
                           codec=TextCodec(lambda ids, **kw: ",".join(map(str, ids)), lambda text, **kw: [1]))
     prompt = list(range(100, 120))
     for i in range(3):

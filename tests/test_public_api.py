@@ -32,7 +32,7 @@ NOT_OPENTELEMETRY = {
     "otel_verl/exporters/_writer.py": {"_after_fork_in_child"},  # a BackgroundWriter's
     "otel_verl/offload/forwarder.py": {"_after_fork_in_child"},  # an OffloadSpanProcessor's
     "otel_verl/offload/host.py": {"_exit"},  # os._exit: the export process's exit, bounded
-    "otel_verl/legacy/tokenizer.py": {"_tokenizer", "_encode_plus", "_decode"},  # transformers'
+    "otel_verl/text_codec.py": {"_tokenizer", "_encode_plus", "_decode"},  # transformers'
     "otel_verl/instrumentation/agent_loop.py": {"_agent_loop_registry"},  # verl's
     "otel_verl/demo/harness_v1.py": {"_enable_hybrid_replicas"},  # verl's
     "otel_verl/demo/sglang_standin.py": {  # verl's SGLangHttpServer fields the stand-in fills

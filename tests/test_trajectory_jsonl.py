@@ -155,7 +155,7 @@ def read_trajectories(trace_dir) -> List[Dict[str, Any]]:
 
 def run_single_turn(clock, tok, *, traj_uid="3", prompt="<|im_start|>user\nHé 世界<|im_end|>\n<|im_start|>assistant\n",
                     completion="Réponse 🙂<|im_end|>", server_meta=None, output_tokens=None, validate=False,
-                    metrics=None, score=1.0):
+                    metrics=None, score=1.0, stop_reason="stop"):
     clock.now = T0
     with events.trajectory(UID, traj_uid, step=3, agent_name="single_turn_agent", n_samples=4,
                            decode=tok.decode if tok else None, encode=tok.encode if tok else None,
@@ -164,7 +164,7 @@ def run_single_turn(clock, tok, *, traj_uid="3", prompt="<|im_start|>user\nHé �
             clock.now = T0 + 0.125
             with events.llm_call(tok.ids(prompt) if tok else [1, 2, 3], model="qwen") as turn:
                 clock.now = T0 + 1.375
-                turn.finish(tok.ids(completion) if tok else [4, 5], stop_reason="stop",
+                turn.finish(tok.ids(completion) if tok else [4, 5], stop_reason=stop_reason,
                             output_tokens=output_tokens, server_meta=server_meta)
         clock.now = T0 + 1.4375
         events.agent_metrics(metrics if metrics is not None else
@@ -345,7 +345,7 @@ def test_a_turn_record_holds_none_of_the_agent_loops_id_lists(clock, traj_dir):
     import gc
     from array import array
 
-    from otel_verl.legacy.records import PromptTail, TurnData, UnsentTokens
+    from otel_verl.rollout_data import PromptTail, TurnData, UnsentTokens
 
     proc, trace_dir, _ = traj_dir
     tok = CharTokenizer()
@@ -517,6 +517,15 @@ def test_completion_count_prefers_the_servers(clock, traj_dir):
     run_single_turn(clock, CharTokenizer(), output_tokens=7)
     proc.force_flush()
     assert read_trajectories(trace_dir)[0]["raw_message"]["turns"][0]["completion_token_count"] == 7
+
+
+@pytest.mark.parametrize("stop_reason", [None, ""])
+def test_a_turn_without_a_stop_reason_writes_an_empty_finish_reason(clock, traj_dir, stop_reason):
+    """The seed's rule, kept by the JSONL alone: a turn the engine gave no reason is written with ""."""
+    proc, trace_dir, _ = traj_dir
+    run_single_turn(clock, CharTokenizer(), stop_reason=stop_reason)
+    proc.force_flush()
+    assert read_trajectories(trace_dir)[0]["raw_message"]["turns"][0]["finish_reason"] == ""
 
 
 # --------------------------------------------------------------------------- what is (not) written

@@ -231,8 +231,8 @@ _validating: contextvars.ContextVar[bool] = contextvars.ContextVar("otel_verl_va
 
 @contextlib.contextmanager
 def validating() -> Iterator[None]:
-    """Marks a validation pass: its samples are not traced (unless switched on) and never
-    reach the legacy outputs."""
+    """Marks a validation pass: its samples are not traced unless switched on, and then
+    say so on their spans."""
     with _set(_validating, True):
         yield
 
@@ -251,7 +251,7 @@ def _is_validation(validate: Optional[bool]) -> bool:
 
 
 def _with_validate(attrs: Dict[str, Any], validate: Optional[bool]) -> Dict[str, Any]:
-    """Traced validation spans say so (legacy outputs skip them)."""
+    """Traced validation spans say so (outputs of training data skip them)."""
     if _is_validation(validate):
         attrs[sc.VALIDATE] = True
     return attrs
@@ -274,8 +274,7 @@ def _start(
 ) -> Any:
     """Start a span carrying ``Payload(subject, data)``, or return ``None`` when tracing is
     off or fails (counted), or when the span is ``skippable`` (no other span needs what it
-    records) and no output reads spans of its subject (only the legacy files are written:
-    none reads an LLM server's span)."""
+    records) and no output reads spans of its subject."""
     rt = state()
     if rt is None:
         return None

@@ -13,8 +13,8 @@ from opentelemetry.trace import Link
 
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.ids import id_list, root_span_id_for_uid, trace_id_for_uid
-from otel_verl.legacy import RolloutData
 from otel_verl.payload import Payload, end_span, start_span
+from otel_verl.rollout_data import RolloutData
 from otel_verl.semconv import Subject, Outcome, Stage
 from otel_verl.events import _core
 from otel_verl.events._core import (

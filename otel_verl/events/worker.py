@@ -12,8 +12,9 @@ from opentelemetry.trace import SpanKind
 from otel_verl import carriers, health, semconv as sc
 from otel_verl.clock import AnchoredClock
 from otel_verl.ids import id_str
-from otel_verl.legacy import TextCodec, TrajectoryData, TurnData, kept_ids, kept_prompt, text_codec, token_list
+from otel_verl.rollout_data import TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
 from otel_verl.semconv import Subject
+from otel_verl.text_codec import TextCodec, text_codec
 from otel_verl.events import _core
 from otel_verl.events._core import (
     _text,
@@ -65,7 +66,7 @@ def trajectory(
     ``parent`` is the carrier the trainer sent with the row; without one the span is
     parented to the sample root's derived ids. ``tokenizer`` (its ``decode`` and
     ``encode``), or ``decode`` / ``encode`` of a loop without one, turn the turns' token
-    ids into the trajectory JSONL's texts. The block gets the trajectory's data
+    ids into texts (for the outputs and content capture). The block gets the trajectory's data
     (``None`` when not traced) so the caller may add metrics.
     """
     rt = _core.state()
@@ -176,7 +177,7 @@ def agent_run(agent_loop_class: str) -> ContextManager[None]:
 
     No span of its own (nobody needs one: it spans the trajectory):
     ``verl.agent_loop.class`` goes on the trajectory span, and the time ``run()``
-    returned on the trajectory's data (the CSV's ``agent_run_completed`` row). A ``run()``
+    returned on the trajectory's data. A ``run()``
     that raises records no completion; the trajectory span carries the error."""
     traj = _active_traj()
     if traj is None:
@@ -319,8 +320,8 @@ class Turn(_EngineRequest):
         if self.attempts:
             self.span.set_attribute(sc.LLM_ATTEMPTS, self.attempts)
         if error is not None and self._traj_data is not None:
-            # A generate call that raised is no turn of the trajectory (the legacy JSONL
-            # only ever recorded calls that returned); its span keeps the error.
+            # A generate call that raised is no turn of the trajectory's data (its turns
+            # are the calls that returned); its span keeps the error.
             _forget_turn(self._traj_data, self.data)
 
     def _ended(self, error: Optional[BaseException]) -> None:
@@ -330,8 +331,8 @@ class Turn(_EngineRequest):
 
     def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
                  server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
-        """``server_meta`` goes to the trajectory JSONL, not on this span (the server's
-        own span, a child of this one, carries it). ``version``: of a resumed turn, its
+        """``server_meta`` goes to the turn's data, not on this span (the server's own
+        span, a child of this one, carries it). ``version``: of a resumed turn, its
         last attempt's; each attempt says its own, and the turn the range."""
         data = self.data
         if data is None:
@@ -344,7 +345,7 @@ class Turn(_EngineRequest):
         data.end_ts = self._clock.now()
         kept = data.completion_ids = kept_ids(completion_ids) if completion_ids is not None else ()
         data.completion_token_count = output_tokens
-        reason = data.finish_reason = str(stop_reason) if stop_reason else ""  # as the seed: falsy -> ""
+        reason = data.finish_reason = str(stop_reason) if stop_reason else None
         attrs: Dict[str, Any] = {
             sc.GEN_AI_USAGE_OUTPUT_TOKENS: int(output_tokens if output_tokens is not None else len(kept))}
         if reason:
@@ -390,7 +391,7 @@ class Attempt(_EngineRequest):
     def _respond(self, completion_ids: Sequence[int], stop_reason: Any, output_tokens: Optional[int],
                  server_meta: Optional[Mapping[str, Any]], version: Optional[int]) -> None:
         """Its tokens, why it stopped and its weight version on its span; the first
-        attempt's server timing for the turn's JSONL line."""
+        attempt's server timing for the turn's data."""
         if self.span is None:
             return
         count = output_tokens if output_tokens is not None else len(completion_ids or ())
@@ -449,7 +450,7 @@ class _CapturingTurn(Turn):
         except Exception as exc:
             health.record_failure("events.capture_content", exc)
             return
-        output = text_message_json("assistant", completion, data.finish_reason or None)
+        output = text_message_json("assistant", completion, data.finish_reason)
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, output)
         self._traj.last_output = output
 
@@ -473,8 +474,8 @@ def llm_call(
 
     ``resumes``: the caller completes an interrupted request by making more generate
     calls inside this one (verl's ``FullyAsyncLLMServerClient``); each of them is an
-    :class:`Attempt` of this turn: one turn, one span, one row pair and one JSONL turn
-    however often it was resumed."""
+    :class:`Attempt` of this turn: one turn, one span and one turn of the trajectory's
+    data however often it was resumed."""
     outer = _core.current(_TURN_KEY)
     if isinstance(outer, Turn) and outer.resumes and outer.span is not None:
         try:
@@ -643,10 +644,10 @@ class RewardHandle(SpanScope):
         return carriers.TraceCarrier.from_span(self.span, dict(self.traj.sample_attributes))
 
     def _ended(self, error: Optional[BaseException]) -> None:
-        # with or without its span (none when no output reads it): the CSV's reward row
+        # with or without its span (none when no output reads it)
         if self.scored is not None:
             ended_ns = getattr(self.span, "end_time", None) or self.traj.clock.now_ns()
-            self.traj.data.reward_row = (ended_ns, self.scored)
+            self.traj.data.reward_scored = (ended_ns, self.scored)
 
 
 _NO_REWARD = contextlib.nullcontext(RewardHandle(None, None))  # outside a traced trajectory
@@ -657,7 +658,7 @@ def reward() -> ContextManager[RewardHandle]:
     traj = _active_traj()
     if traj is None:
         return _NO_REWARD
-    # (no payload data: the reward's rows and score go with the trajectory's end)
+    # (no payload data: when it scored and the score go with the trajectory's data)
     span = _start(sc.SPAN_REWARD, Subject.REWARD, None, dict(traj.sample_attributes), skippable=True)
     return RewardHandle(span, traj)
 

@@ -4,7 +4,7 @@ Runs in the SGLangHttpServer / vLLMHttpServer actor. The turn's context arrives 
 suffix of the request id (see :mod:`otel_verl.carriers`): stripped here before the
 engine sees the id. sglang's per-request ``meta_info`` (e2e_latency, queue_time, ...;
 every key optional, names vary by version) is read from ``TokenizerManager.generate_request``
-and returned to the worker in ``extra_fields`` for the trajectory JSONL. The turn's context
+and returned to the worker in ``extra_fields`` for the turn's data. The turn's context
 also goes to the engine, so that the engine's own request spans (when its tracing is on)
 nest under the turn: as ``external_trace_header`` on sglang's ``GenerateReqInput``, and as
 ``trace_headers`` of vLLM's ``AsyncLLM.generate`` (verl's ``vLLMHttpServer.generate`` passes

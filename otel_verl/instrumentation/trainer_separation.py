@@ -13,7 +13,7 @@ replay queue of the disaggregated layout). That loop is the only place the wait 
 batch is visible, so during ``fit`` the trainer's ``train_dataloader`` is a thin view
 whose iteration makes each ``next()`` a ``fetch_batch`` stage: "try to load" when the
 fetch starts, "successfully load" when it returned a batch; a fetch that finds the epoch
-used up ends with no batch (only its "try to load" line, as the seed wrote).
+used up ends with no batch.
 """
 
 from __future__ import annotations

@@ -1,28 +1,20 @@
 """The legacy outputs: the files an existing pipeline reads, byte for byte as the seed
 wrote them (``docs/LEGACY_FORMATS.md``).
 
-- :mod:`.sample_csv`, :mod:`.progress_log`, :mod:`.trajectory_jsonl`: one span processor
-  per file, over the shared background writer of :mod:`otel_verl.exporters._writer`;
-- :mod:`.records`: what they read of a rollout beyond the spans' attributes (a
-  trajectory's turns and token ids, a rollout's dispatch), hung on spans as their
-  payload's data;
-- :mod:`.tokenizer`: the tokenizer the trajectory JSONL decodes with.
-
-The events API fills the records through the names below, the one way into this layer;
-the outputs module (:mod:`otel_verl.outputs`) makes them with :func:`outputs`. Nothing else in otel_verl
-knows these formats: the wrappers, the wire format to the export process and the other
-outputs see spans and opaque payloads.
+:mod:`.sample_csv`, :mod:`.progress_log`, :mod:`.trajectory_jsonl`: one span processor per
+file, over the shared background writer of :mod:`otel_verl.exporters._writer`. They read
+span records: their attributes, and of a rollout's spans the payload's data
+(:mod:`otel_verl.rollout_data`: a trajectory's turns and token ids, a rollout's dispatch).
+Their rows, the rows' order and every rule of the seed's are here; nothing else in
+otel_verl knows these formats. The outputs module (:mod:`otel_verl.outputs`) makes them
+with :func:`outputs`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, List, Tuple
 
-from otel_verl.legacy.records import RolloutData, TrajectoryData, TurnData, kept_ids, kept_prompt, token_list
-from otel_verl.legacy.tokenizer import TextCodec, text_codec
-
-__all__ = ["RolloutData", "TrajectoryData", "TurnData", "kept_ids", "kept_prompt", "token_list", "TextCodec",
-           "text_codec", "outputs"]
+__all__ = ["outputs"]
 
 
 def outputs(settings: Any) -> List[Tuple[type, Callable[[], Any]]]:

@@ -215,7 +215,7 @@ def trajectory_end(span: Any, payload: Payload) -> List[Rows]:
         # The seed's v1 worker shared this code with v0: the target stays AgentLoopWorker.
         rows.append(Rows(uid, (traj,), f"AgentLoop({_agent_name(a, data)})", "AgentLoopWorker", "AGENT_LOOP",
                          a.get(sc.GLOBAL_STEP), "agent_run_completed", run_ns))
-    reward = getattr(data, "reward_row", None)
+    reward = getattr(data, "reward_scored", None)
     if reward is not None:
         end_ns, score = reward
         rows.append(Rows(uid, (traj,), "RewardLoopWorker", "AgentLoopWorker", "ROLLOUT_REWARD", None,

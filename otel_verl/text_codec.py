@@ -1,12 +1,16 @@
-"""The tokenizer the trajectory JSONL decodes a rollout worker's token ids with.
+"""A rollout worker's tokenizer as outputs decode its token ids with, off the event loop.
 
-The JSONL is written in the export process (:mod:`otel_verl.offload`), which receives the
-worker's :class:`TextCodec` pickled, once per tokenizer. Pickling ``tokenizer.decode``
-would send the whole Hugging Face tokenizer, and the export process would import
-``transformers`` and ``torch`` to load it (about 0.5 GB and seconds of CPU per worker);
-so would loading it again from the model's path. For a stock fast tokenizer the work is
-done by its Rust backend (a ``tokenizers.Tokenizer``), so the codec sends the backend
-alone. Any other tokenizer's own methods are used, and sent, as they are.
+Those outputs (the trajectory JSONL) run in the export process (:mod:`otel_verl.offload`),
+which receives the worker's :class:`TextCodec` pickled, once per tokenizer. For a stock
+fast tokenizer the work is done by its Rust backend (a ``tokenizers.Tokenizer``), so the
+codec sends the backend alone; any other tokenizer's own methods are used, and sent, as
+they are. Pickling ``tokenizer.decode`` would send the whole Hugging Face tokenizer, and
+the export process would import ``transformers`` and ``torch`` to load it; so would
+loading it again from the model's path. Measured in a fresh process with the demo's
+tokenizer: ``AutoTokenizer.from_pretrained(path)`` 4.2 s of CPU and +772 MB RSS (torch
+comes with it), the pickled backend 0.02 s and +9 MB. The backend alone from the path's
+``tokenizer.json`` costs as little, but only where the path is local to the export process
+and the tokenizer is a stock one the worker did not change.
 """
 
 from __future__ import annotations

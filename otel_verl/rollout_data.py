@@ -1,15 +1,17 @@
-"""What the legacy outputs read of a rollout: the events API fills these and hangs them on
-spans as their payload's data (:mod:`otel_verl.payload`).
+"""What a rollout's spans carry beyond their attributes, as their payload's data
+(:mod:`otel_verl.payload`): off OTLP, read by the outputs that want it.
 
-A trajectory's turns keep their token ids (the trajectory JSONL decodes them) as arrays,
-and a later turn only the prompt ids after the previous turn's completion (where the
-JSONL's ``template_overhead_text`` starts); the trajectory keeps its tokenizer's
-:class:`~otel_verl.legacy.tokenizer.TextCodec` and what the seed's CSV rows need (when the
-agent run returned, when the reward was scored).
+A trajectory's turns keep their token ids as arrays (thousands per trajectory: too costly
+as span attributes), and a later turn only the prompt ids after the previous turn's
+completion (the template and observation tokens the turn added); the engine's timing of
+each request; the tokenizer's :class:`~otel_verl.text_codec.TextCodec` (outputs decode
+off the event loop); when the agent run returned and when the reward was scored. A
+rollout's dispatch keeps which trajectories went to which worker.
 
-A payload's data says what of it crosses to an export process (``sent``) and takes back
-what was sent once for many (``received``: a tokenizer), so that the wire format needs no
-knowledge of these types.
+A trajectory and its turns are :class:`~otel_verl.payload.PayloadData`: they say what crosses to an
+export process (``sent``) and takes back what was sent once for many (``received``: a
+tokenizer), so that the wire format needs no knowledge of these types. What an output
+makes of them (its rows, their order, its defaults) is the output's own.
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from otel_verl.legacy.tokenizer import TextCodec
+from otel_verl.text_codec import TextCodec
 
 IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
 
 
 @dataclass
 class TurnData:
-    """One LLM generate call of a trajectory, as the trajectory JSONL needs it."""
+    """One LLM generate call of a trajectory that returned."""
 
     prompt_ids: Sequence[int]  # an array or a PromptTail (see kept_prompt)
     start_ts: float
@@ -36,8 +38,8 @@ class TurnData:
     end_ts: float = 0.0
     completion_ids: Sequence[int] = ()
     completion_token_count: Optional[int] = None  # the server's count when it gave one
-    finish_reason: str = ""
-    server_meta: Mapping[str, float] = field(default_factory=dict)  # sglang/vLLM timing keys
+    finish_reason: Optional[str] = None  # why the engine stopped (None: it said nothing)
+    server_meta: Mapping[str, float] = field(default_factory=dict)  # the engine's timing keys (sglang/vLLM)
     observation_text: Optional[str] = None
     observation_start_ts: Optional[float] = None
     observation_end_ts: Optional[float] = None
@@ -45,6 +47,9 @@ class TurnData:
     def sent(self, at_end: bool) -> Tuple[None, None]:
         """Nothing crosses with its LLM call's span: its trajectory's end carries it, complete."""
         return None, None
+
+    def received(self, shared: Any) -> None:
+        """(nothing is named: see :meth:`sent`)"""
 
 
 def prompt_tokens(turn: TurnData) -> int:
@@ -86,8 +91,8 @@ def token_list(ids: Any) -> Any:
 
 def kept_prompt(prompt_ids: Sequence[int], previous: Optional[TurnData]) -> Sequence[int]:
     """What the outputs read of a turn's prompt, taken at the call: all of the first
-    turn's; of a later one the ids after the previous turn's completion (the trajectory
-    JSONL's ``template_overhead_text`` starts there). Whole prompts would hold a
+    turn's; of a later one the ids after the previous turn's completion (the template
+    and observation tokens this turn added). Whole prompts would hold a
     trajectory's turns squared in ids. The previous turn counts only once it has
     returned (a custom loop may have calls overlap)."""
     start = 0
@@ -152,22 +157,16 @@ class TrajectoryData:
     # its class, and when it returned (ns; 0: it did not return, or never ran).
     agent_loop_class: Optional[str] = None
     run_completed_ns: int = 0
-    # (end ns, score) of a reward span that ended scored: the CSV writes its row with the
-    # trajectory's end, after agent_run_completed (the order of the seed's rows).
-    reward_row: Optional[Tuple[int, float]] = None
-    # The worker's tokenizer: the JSONL decodes texts off the event loop, so only a
-    # reference is kept here.
+    # (end ns, score) of a reward span that ended scored
+    reward_scored: Optional[Tuple[int, float]] = None
+    # The worker's tokenizer: outputs decode texts off the event loop, so only a reference
+    # is kept here.
     codec: Optional[TextCodec] = None
 
     def approx_bytes(self) -> int:
         """About the memory its turns hold (kept token ids, texts), for the bounded queues
         it waits in."""
-        size = 512
-        for turn in self.turns:
-            size += 256 + ID_BYTES * (_held(turn.prompt_ids) + _held(turn.completion_ids))
-            if turn.observation_text:
-                size += len(turn.observation_text)
-        return size
+        return 512 + sum(_turn_bytes(turn) for turn in self.turns)
 
     def sent(self, at_end: bool) -> Tuple["TrajectoryData", Optional[TextCodec]]:
         """What crosses to an export process: at the start the trajectory without its
@@ -188,6 +187,11 @@ class TrajectoryData:
 
 
 ID_BYTES = 8  # a kept id: 4 in an array, more in a list
+
+
+def _turn_bytes(turn: TurnData) -> int:
+    size = 256 + ID_BYTES * (_held(turn.prompt_ids) + _held(turn.completion_ids))
+    return size + len(turn.observation_text) if turn.observation_text else size
 
 
 def _held(ids: Any) -> int:
