@@ -68,6 +68,7 @@ OTHER_VARIABLES = (
                                             "CLICKHOUSE_OTLP_HTTP")),  # docker-compose.yml
     "OTEL_VERL_BIN_CACHE", "OTEL_VERL_BUILD_BINARIES", "OTEL_VERL_BUILD_TIMEOUT", "OTEL_VERL_SRC_CACHE",
     "OTEL_VERL_GO_BUILD_FLAGS", "OTEL_VERL_MLFLOW_VENV", "OTEL_VERL_TEST_MLFLOW",  # scripts/, tests/
+    "OTEL_VERL_BUILD_LOCKED", "OTEL_VERL_TEST_WORKERS",  # scripts/, tests/
 )
 
 # Variables a worker process needs to trace like the driver does.

@@ -50,6 +50,12 @@ done
 command -v go >/dev/null 2>&1 ||
   die "'go' not found on PATH; install Go >= 1.26 (collector v0.161 needs it; Jaeger needs >= 1.24.6) and retry"
 mkdir -p "$BIN_DIR" "$SRC_DIR"
+# One build at a time (CI's background build, tests that need a binary): a later caller
+# waits, then finds the binary built. OTEL_VERL_BUILD_LOCKED: the caller holds the lock.
+if [[ -z "${OTEL_VERL_BUILD_LOCKED:-}" ]] && command -v flock >/dev/null 2>&1; then
+  exec 9>"$BIN_DIR/.build.lock"
+  flock 9
+fi
 
 export CGO_ENABLED=0
 # shellcheck disable=SC2206

@@ -6,7 +6,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh || exit 1
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
-.venv/bin/python -m pytest -ra "$@"
+# Two workers (pytest-xdist), a module on one (and the modules reading the shared demo
+# on one: tests/conftest.py): part of the suite's time is waits (Ray, servers,
+# subprocesses). OTEL_VERL_TEST_WORKERS=0: one process.
+.venv/bin/python -m pytest -ra -n "${OTEL_VERL_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests" >&2

@@ -22,6 +22,37 @@ def pytest_collection_modifyitems(items: List[Any]) -> None:
             item.add_marker(pytest.mark.tools)
 
 
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest-xdist is the test extra's: without it, one process
+    LoadScopeScheduling = None
+
+if LoadScopeScheduling is not None:
+    # A session fixture that runs a demo (30-60 s): under pytest-xdist (scripts/test.sh:
+    # --dist loadfile) the modules using it run on one worker, so that it runs once; every
+    # other module is a unit of its own (its module fixtures run once).
+    SHARED_DEMO = "shared_demo"
+
+    class _ModuleScheduling(LoadScopeScheduling):
+        """pytest-xdist's ``loadfile``, with the modules that read the shared demo as one."""
+
+        def __init__(self, config: Any, log: Any = None) -> None:
+            super().__init__(config, log)
+            self._units: dict = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            unit = self._units.get(module)
+            if unit is None:
+                path = os.path.join(str(self.config.rootpath), module)
+                with open(path, encoding="utf-8") as f:
+                    unit = self._units[module] = SHARED_DEMO if f"{SHARED_DEMO}(" in f.read() else module
+            return unit
+
+    def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+        return _ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 class Pipeline:
     """A TracerProvider wired like bootstrap does (uid ids, record-dropped sampler, the
     events API's spans started by a SlimTracer) with the given processors and an

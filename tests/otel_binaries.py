@@ -93,7 +93,8 @@ def _build(name: str) -> str | None:
     if name in _build_error:
         return _build_error[name]
     bin_dir().mkdir(parents=True, exist_ok=True)
-    # Serialise builds across processes (pytest-xdist workers, parallel runs).
+    # Serialise builds across processes (pytest-xdist workers, CI's background build:
+    # the build script takes the same lock).
     with open(bin_dir() / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _up_to_date(name):
@@ -103,6 +104,7 @@ def _build(name: str) -> str | None:
             proc = subprocess.Popen(
                 ["bash", str(BUILD_SCRIPT), name],
                 cwd=REPO_ROOT,
+                env={**os.environ, "OTEL_VERL_BUILD_LOCKED": "1"},  # held here
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

@@ -38,7 +38,7 @@ from otel_verl.tools.report.spans import SpanIndex  # noqa: E402
 
 SOURCE_TYPE = "grafana-clickhouse-datasource"
 DASHBOARD = "otel-verl-clickhouse.json"
-STEPS, PROMPTS, N = 2, 2, 2  # the cheapest demo with tool calls
+STEPS, PROMPTS, N = 2, 4, 2  # the shared demo the report tests read too: one run for all
 
 # The data source's macros (its pkg/macros/macros.go): the range as whole Unix seconds.
 _TIME_FILTER = re.compile(r"\$__timeFilter\(([^()]*)\)")
