@@ -338,6 +338,44 @@ def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_
     assert not (tmp_path / "otlp").exists() or not any((tmp_path / "otlp").iterdir())
 
 
+def test_an_export_process_whose_descriptor_is_past_1024_is_waited_for(tmp_path):
+    """A process with many descriptors (a Ray worker's sockets) gets its export process's
+    pidfd past 1024, where select() refuses it: the shutdown still waits for the export
+    process, which writes every span."""
+    from otel_verl import settings
+    from otel_verl.offload.forwarder import OffloadSpanProcessor
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        config = wire.HostConfig(settings.load({settings.TRACE_DIR: str(tmp_path)}), dict(RESOURCE.attributes),
+                                 RESOURCE.schema_url, os.getpid())
+        offload = OffloadSpanProcessor(config)
+        provider = TracerProvider(resource=RESOURCE)
+        provider.add_span_processor(offload)
+        tracer = provider.get_tracer("t")
+        for i in range(5):
+            with tracer.start_as_current_span(f"s{i}"):
+                pass
+        assert offload.force_flush(30_000)
+        pidfds = [int(fd) for fd in os.listdir("/proc/self/fd")
+                  if "pidfd" in _link(f"/proc/self/fd/{fd}") and int(fd) >= 1024]
+        assert pidfds, "no pidfd past 1024: the export process was not started as this test means"
+        provider.shutdown()
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert health.snapshot()["failures"] == {}
+    written = "".join(path.read_text() for path in (tmp_path / "otlp").rglob("*.json*") if path.is_file())
+    assert all(f'"s{i}"' in written for i in range(5))
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
 def test_every_message_crosses_a_frame_as_itself():
     messages = [wire.Hello(wire.VERSION), wire.Config(CONFIG), wire.Shared(1, pickle.dumps((len, len))),
                 wire.ForgetShared(1), wire.Flush(2, {"failures": {"x": 1}, "dropped": {}}), wire.Flushed(2, True, False, {"failures": {}, "dropped": {}}),

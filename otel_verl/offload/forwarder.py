@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import select
 import signal
@@ -736,7 +737,7 @@ class DetachedProcess:
             return status or None  # 0: it started the export process, whose pid is on its way
         if not self._gone:
             if self._pidfd is not None:
-                self._gone = bool(select.select([self._pidfd], [], [], 0)[0])
+                self._gone = readable(self._pidfd, 0)
             else:
                 try:
                     os.kill(self.pid, 0)
@@ -763,7 +764,7 @@ class DetachedProcess:
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(self.launcher.args, timeout)
             if self._pidfd is not None:
-                select.select([self._pidfd], [], [], left)
+                readable(self._pidfd, left)
             else:
                 time.sleep(0.01 if left is None else min(0.01, left))
 
@@ -808,6 +809,15 @@ def entry_bytes(span: Any, payload: Any) -> int:
         if approx is not None:
             size += approx()
     return size
+
+
+def readable(fd: int, timeout_s: Optional[float]) -> bool:
+    """Whether ``fd`` is readable within ``timeout_s`` (``None``: waits). poll(), not
+    select(): select() refuses a descriptor from 1024 on, as a process with many sockets
+    (a Ray worker) gets."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout_s is None else max(0, math.ceil(timeout_s * 1000))))
 
 
 def _left(deadline: float) -> float:
