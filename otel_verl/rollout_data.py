@@ -8,10 +8,10 @@ each request; the tokenizer's :class:`~otel_verl.text_codec.TextCodec` (outputs 
 off the event loop); when the agent run returned and when the reward was scored. A
 rollout's dispatch keeps which trajectories went to which worker.
 
-A trajectory and its turns are :class:`~otel_verl.payload.PayloadData`: they say what crosses to an
-export process (``sent``) and takes back what was sent once for many (``received``: a
-tokenizer), so that the wire format needs no knowledge of these types. What an output
-makes of them (its rows, their order, its defaults) is the output's own.
+A trajectory and its turns are :class:`~otel_verl.payload.PayloadData`: they say what
+crosses to an export process (``sent``) and take back what was sent once for many
+(``received``: a tokenizer), so that the wire format needs no knowledge of these types.
+What an output makes of them (its rows, their order, its defaults) is the output's own.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ IDS_TYPECODE = "I"  # C unsigned int: every tokenizer's ids fit
 
 @dataclass
 class TurnData:
-    """One LLM generate call of a trajectory that returned."""
+    """One LLM generate call of a trajectory (one that raised leaves its trajectory's turns)."""
 
     prompt_ids: Sequence[int]  # an array or a PromptTail (see kept_prompt)
     start_ts: float

@@ -28,26 +28,41 @@ except ImportError:  # pytest-xdist is the test extra's: without it, one process
     LoadScopeScheduling = None
 
 if LoadScopeScheduling is not None:
-    # A session fixture that runs a demo (30-60 s): under pytest-xdist (scripts/test.sh:
-    # --dist loadfile) the modules using it run on one worker, so that it runs once; every
-    # other module is a unit of its own (its module fixtures run once).
+    # Under pytest-xdist (scripts/test.sh: --dist loadfile) a module runs on one worker
+    # (its module fixtures run once), and so do the modules reading the session's shared
+    # demo (a demo run takes 30-60 s).
     SHARED_DEMO = "shared_demo"
 
     class _ModuleScheduling(LoadScopeScheduling):
-        """pytest-xdist's ``loadfile``, with the modules that read the shared demo as one."""
+        """pytest-xdist's ``loadfile``, with the modules that read the shared demo as one
+        unit, and the end-to-end units first: xdist takes the units by their number of
+        tests, and an end-to-end module (a demo, Ray, the Go binaries) takes tens of
+        seconds for a few, which would end the run on one worker while the other idles."""
 
         def __init__(self, config: Any, log: Any = None) -> None:
             super().__init__(config, log)
-            self._units: dict = {}
+            self._units: dict = {}  # module -> its unit
+            self._end_to_end: set = set()  # units with an end-to-end module
+            self._ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             unit = self._units.get(module)
             if unit is None:
-                path = os.path.join(str(self.config.rootpath), module)
-                with open(path, encoding="utf-8") as f:
-                    unit = self._units[module] = SHARED_DEMO if f"{SHARED_DEMO}(" in f.read() else module
+                with open(os.path.join(str(self.config.rootpath), module), encoding="utf-8") as f:
+                    text = f.read()
+                unit = self._units[module] = SHARED_DEMO if f"{SHARED_DEMO}(" in text else module
+                if "mark.e2e" in text:
+                    self._end_to_end.add(unit)
             return unit
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:
+                self._ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: unit[0] not in self._end_to_end)
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
 
     def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
         return _ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None

@@ -35,8 +35,8 @@ from otel_verl import forks, health, semconv as sc, server_timing as st, setting
 from otel_verl.exporters._writer import (DEFAULT_MAX_PENDING_BYTES, BackgroundWriter, WriterProcessor, output_pid,
                                         write_discovery_file)
 from otel_verl.ids import sample_index
-from otel_verl.rollout_data import TrajectoryData, TurnData, completion_tokens, prompt_tokens, token_list
 from otel_verl.payload import payload_of
+from otel_verl.rollout_data import TrajectoryData, TurnData, completion_tokens, prompt_tokens, token_list
 from otel_verl.semconv import Subject
 from otel_verl.server_timing import number
 
