@@ -314,12 +314,12 @@ def test_the_export_process_refuses_a_stream_that_does_not_start_with_hello():
     assert answers == [wire.Hello(wire.VERSION)] and proc.returncode != 0 and b"refused" in proc.stderr
 
 
-def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_refused(monkeypatch, tmp_path):
-    from otel_verl import settings
+def _five_spans_offloaded(trace_dir):
+    """(processor, provider, tracer) of an export process writing to ``trace_dir``, after
+    five spans ended."""
     from otel_verl.offload.forwarder import OffloadSpanProcessor
 
-    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
-    config = wire.HostConfig(settings.load({settings.TRACE_DIR: str(tmp_path)}), dict(RESOURCE.attributes),
+    config = wire.HostConfig(settings.load({settings.TRACE_DIR: str(trace_dir)}), dict(RESOURCE.attributes),
                              RESOURCE.schema_url, os.getpid())
     offload = OffloadSpanProcessor(config)
     provider = TracerProvider(resource=RESOURCE)
@@ -328,6 +328,12 @@ def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_
     for i in range(5):
         with tracer.start_as_current_span(f"s{i}"):
             pass
+    return offload, provider, tracer
+
+
+def test_a_traced_process_counts_the_spans_an_export_process_of_another_version_refused(monkeypatch, tmp_path):
+    monkeypatch.setattr(wire, "VERSION", wire.VERSION + 1)  # this process only: the export process has its own
+    offload, provider, tracer = _five_spans_offloaded(tmp_path)
     assert not offload.force_flush(30_000)
     with tracer.start_as_current_span("after"):
         pass
@@ -342,20 +348,9 @@ def test_an_export_process_whose_descriptor_is_past_1024_is_waited_for(tmp_path)
     """A process with many descriptors (a Ray worker's sockets) gets its export process's
     pidfd past 1024, where select() refuses it: the shutdown still waits for the export
     process, which writes every span."""
-    from otel_verl import settings
-    from otel_verl.offload.forwarder import OffloadSpanProcessor
-
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        config = wire.HostConfig(settings.load({settings.TRACE_DIR: str(tmp_path)}), dict(RESOURCE.attributes),
-                                 RESOURCE.schema_url, os.getpid())
-        offload = OffloadSpanProcessor(config)
-        provider = TracerProvider(resource=RESOURCE)
-        provider.add_span_processor(offload)
-        tracer = provider.get_tracer("t")
-        for i in range(5):
-            with tracer.start_as_current_span(f"s{i}"):
-                pass
+        offload, provider, _ = _five_spans_offloaded(tmp_path)
         assert offload.force_flush(30_000)
         pidfds = [int(fd) for fd in os.listdir("/proc/self/fd")
                   if "pidfd" in _link(f"/proc/self/fd/{fd}") and int(fd) >= 1024]
