@@ -197,6 +197,14 @@ def _trajectory() -> TrajectoryData:
     return data
 
 
+def test_the_rollout_data_keeps_the_payload_data_protocol():
+    """The wire sends a trajectory and its turns as they say (PayloadData); a turn crosses
+    with its trajectory's end only."""
+    data = _trajectory()
+    assert isinstance(data, payload.PayloadData) and isinstance(data.turns[0], payload.PayloadData)
+    assert data.turns[0].sent(True) == (None, None)
+
+
 def _fields(data: TrajectoryData) -> dict:
     out = dict(vars(data))
     out["turns"] = [dict(vars(turn), prompt_ids=(len(turn.prompt_ids), list(turn.prompt_ids[_first(turn):])),

@@ -637,8 +637,8 @@ def well_formed_record(record: SpanRecord) -> SpanRecord:
         name=_repaired(record.name), attributes=_repaired(record.attributes),
         events=tuple(EventRecord(_repaired(e.name), e.timestamp, _repaired(e.attributes), e.dropped_attributes)
                      for e in record.events),
-        links=tuple(LinkRecord(*link[:5], _repaired(link.attributes), link.dropped_attributes)
-                    for link in record.links),
+        links=tuple(LinkRecord(link.trace_id, link.span_id, link.trace_flags, link.trace_state, link.is_remote,
+                               _repaired(link.attributes), link.dropped_attributes) for link in record.links),
         status_message=_repaired(record.status_message), resource=resource, scope=scope)
 
 
