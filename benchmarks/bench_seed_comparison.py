@@ -791,15 +791,18 @@ def instance_tokenizer() -> Any:
 def install_otel_verl() -> List[str]:
     """The real hook tables, retargeted at this module's stand-ins (the wrappers, the
     hook installer and its signature checks are otel_verl's own)."""
-    from otel_verl.instrumentation import agent_loop, hooks, llm_client, llm_server, trainer_v0
+    from otel_verl.instrumentation import _trainer, agent_loop, hooks, llm_client, llm_server, trainer_v0
+    from otel_verl.instrumentation.tracing import Tracing
 
     mod = __name__
+    tracing = Tracing()
     table = []
     skip = {"RayPPOTrainer.fit", "AgentLoopWorker.__init__", "AgentLoopWorker._postprocess",
             # not on the v0 path with sglang measured here: the async trainers' resuming
             # client, vLLM's engine, and the message hook that only works with content capture
             "FullyAsyncLLMServerClient.generate", "AsyncLLM.generate", "ToolAgentLoop._handle_generating_state"}
-    for hook in [*trainer_v0.HOOKS, *agent_loop.HOOKS, *llm_client.HOOKS, *llm_server.HOOKS]:
+    for hook in [*trainer_v0.hooks(_trainer.TracedTrainer(tracing)), *agent_loop.hooks(tracing),
+                 *llm_client.hooks(tracing), *llm_server.hooks(tracing)]:
         if hook.target in skip or hook.target.startswith("vLLMHttpServer"):
             continue
         table.append(dataclasses.replace(hook, module=mod, redecorate=None))
@@ -1012,11 +1015,7 @@ def measure_disabled(trainer: RayPPOTrainer, worker: AgentLoopWorker, calls: int
     """Per call: the stand-in as wrapped (installed, tracing off) vs its bare function.
 
     Measured in the ``disabled`` child (wrappers installed, otel_verl never configured,
-    the wrappers' trainer already seen as in a real fit) and in ``off`` (bare)."""
-    from otel_verl.instrumentation import _trainer, trainer_v0
-
-    if not _trainer.current.active:
-        _trainer.current.bind(trainer, trainer_v0.TRAINER)
+    the wrappers' trainer already seen in the steps run before) and in ``off`` (bare)."""
     batch = make_batch(["u0"], 4, 1)
     batch.non_tensor_batch["traj_uid"] = np.array(["0", "1", "2", "3"], dtype=object)
     client = worker.client

@@ -109,15 +109,14 @@ def test_the_gen_throughput_line_survives_the_jump(make_pipeline, clock):
 
 def test_a_batch_stages_sample_spans_last_what_the_stage_took(make_pipeline, clock):
     from otel_verl.instrumentation import _trainer
+    from otel_verl.instrumentation.tracing import Tracing
 
     pipeline = make_pipeline()
     rows = _trainer.BatchRows(["u1", "u2"], ["0", "0"])
-    wrapper = _trainer.batch_stage_wrapper(Stage.ADVANTAGE, "RayPPOTrainer", lambda *args: rows)
-    _trainer.current.bind(types.SimpleNamespace(global_steps=3), "RayPPOTrainer")
-    try:
-        assert wrapper(lambda: clock.jump() or "result", object(), (), {}) == "result"
-    finally:
-        _trainer.current.bind(None, "")
+    traced = _trainer.TracedTrainer(Tracing())
+    wrapper = _trainer.batch_stage_wrapper(traced, Stage.ADVANTAGE, "RayPPOTrainer", lambda *args: rows)
+    traced.bind(types.SimpleNamespace(global_steps=3), "RayPPOTrainer")
+    assert wrapper(lambda: clock.jump() or "result", object(), (), {}) == "result"
     spans = pipeline.spans()
     assert len(spans) == 2
     for span in spans:

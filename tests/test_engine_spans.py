@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind
 from otel_verl import carriers, events, semconv as sc
 from otel_verl.demo import engine_spans_standin as standin
 from otel_verl.instrumentation import hooks, llm_server
+from otel_verl.instrumentation.tracing import Tracing
 
 from demo_checks import descendants
 
@@ -42,7 +43,7 @@ def fake_vllm():
         module = types.ModuleType(VLLM_MODULE)
         module.AsyncLLM = engine_class
         sys.modules[VLLM_MODULE] = module
-        hooks.install_all([h for h in llm_server.HOOKS if h.module == VLLM_MODULE])
+        hooks.install_all([h for h in llm_server.hooks(Tracing()) if h.module == VLLM_MODULE])
         return hooks.status()[f"{VLLM_MODULE}:AsyncLLM.generate"]
 
     yield install
@@ -139,7 +140,7 @@ def test_sglang_spans_nest_under_the_turn_through_verls_server(make_pipeline):
         tokenizer, tracer=standin.EngineTracerStandIn.sglang(exporter=exporter), model="tiny", latency_s=0.01)
     try:
         server = sglang_standin.make_sglang_server_standin(model_config=model_dir, tokenizer_manager=manager)
-        hooks.install_all([h for h in llm_server.HOOKS if h.module != VLLM_MODULE])
+        hooks.install_all([h for h in llm_server.hooks(Tracing()) if h.module != VLLM_MODULE])
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 plus 3?"}],
                                                tokenize=True, add_generation_prompt=True)["input_ids"]
 
@@ -214,7 +215,7 @@ def test_engine_spans_reach_the_files_and_jaeger_inside_the_uids_trace(make_pipe
                                                          "otlp_traces_endpoint": col.otlp_grpc_endpoint}})
         server = sglang_standin.make_sglang_server_standin(config, model_config=model_dir, latency_s=0.01)
         assert isinstance(server.tokenizer_manager, standin.TracingTokenizerManagerStandIn)
-        hooks.install_all([h for h in llm_server.HOOKS if h.module != VLLM_MODULE])
+        hooks.install_all([h for h in llm_server.hooks(Tracing()) if h.module != VLLM_MODULE])
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 plus 3?"}],
                                                tokenize=True, add_generation_prompt=True)["input_ids"]

@@ -171,6 +171,40 @@ def test_a_hook_waiting_for_its_module_is_forgotten_by_uninstall():
     assert not hasattr(_Later.method, "__wrapped__")
 
 
+def test_instrumented_again_before_the_import_the_new_wrapper_is_installed():
+    """Each instrumentation's wrappers close over its own state: after uninstrument and a
+    new instrument, the module's import installs the new wrapper, never the earlier one
+    (whose post-import hook wrapt keeps)."""
+    import sys
+    import types
+
+    import wrapt
+
+    calls = []
+
+    def wrapper_of(name):
+        def wrapper(wrapped, instance, args, kwargs):
+            calls.append(name)
+            return wrapped(*args, **kwargs)
+
+        return wrapper
+
+    hooks.install_all([hooks.Hook("fake_again_mod", "_Later.method", wrapper_of("first"))])
+    hooks.uninstall_all()
+    hooks.install_all([hooks.Hook("fake_again_mod", "_Later.method", wrapper_of("second"))])
+    module = types.ModuleType("fake_again_mod")
+    module._Later = _Later
+    sys.modules["fake_again_mod"] = module
+    try:
+        wrapt.notify_module_loaded(module)
+        assert _Later().method(1) == 1
+        assert calls == ["second"]
+    finally:
+        hooks.uninstall_all()
+        del sys.modules["fake_again_mod"]
+    assert not hasattr(_Later.method, "__wrapped__")
+
+
 class _Worker:
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, **kwargs):
         return sorted(kwargs)
@@ -184,15 +218,16 @@ def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
     import types
 
     from otel_verl import events
-    from otel_verl.instrumentation import agent_loop, tracing
+    from otel_verl.instrumentation import agent_loop
+    from otel_verl.instrumentation.tracing import Tracing
 
     module = types.ModuleType("fake_off_mod")
     module.Worker = _Worker
     sys.modules["fake_off_mod"] = module
     asked = []
+    tracing = Tracing(lambda role: asked.append(role))  # None: tracing off here
     try:
-        hooks.install_all([hooks.Hook("fake_off_mod", "Worker._run_agent_loop", agent_loop._run_agent_loop)])
-        tracing.provide_on_first_use(lambda role: asked.append(role))  # None: tracing off here
+        hooks.install_all([hooks.Hook("fake_off_mod", "Worker._run_agent_loop", agent_loop._run_agent_loop(tracing))])
         worker = _Worker()
         for _ in range(2):
             got = asyncio.run(worker._run_agent_loop({}, {"step": 1}, agent_name="a", uid="u", **{carriers.COLUMN: "c"}))
@@ -200,7 +235,6 @@ def test_with_tracing_off_calls_pass_through_and_the_provider_is_asked_once():
         assert asked == ["agent_loop_worker"] and not events.enabled()
     finally:
         hooks.uninstall_all()
-        tracing.provide_on_first_use(None)
         del sys.modules["fake_off_mod"]
 
 
@@ -218,11 +252,12 @@ def test_with_tracing_off_the_llm_client_returns_verls_own_coroutine():
 
     from otel_verl import events
     from otel_verl.instrumentation import llm_client
+    from otel_verl.instrumentation.tracing import Tracing
 
     module = types.ModuleType("fake_client_mod")
     module.Client = _Client
     sys.modules["fake_client_mod"] = module
-    generate = next(h for h in llm_client.HOOKS if h.target == "LLMServerClient.generate")
+    generate = next(h for h in llm_client.hooks(Tracing()) if h.target == "LLMServerClient.generate")
     try:
         hooks.install_all([hooks.Hook("fake_client_mod", "Client.generate", generate.wrapper)])
         assert not events.enabled()
@@ -275,15 +310,13 @@ def test_wrapped_methods_survive_rays_copy_of_an_actor_class():
 def test_the_end_of_fit_never_raises_into_verl():
     from otel_verl import health
     from otel_verl.instrumentation import _trainer
+    from otel_verl.instrumentation.tracing import Tracing
 
     def no_actors(trainer):
         raise AttributeError("a manager verl renamed")
 
-    wrapper = _trainer.fit_wrapper("T", no_actors)
-    try:
-        assert wrapper(lambda: 42, object(), (), {}) == 42
-    finally:
-        _trainer.current.bind(None, "")
+    wrapper = _trainer.fit_wrapper(_trainer.TracedTrainer(Tracing()), "T", no_actors)
+    assert wrapper(lambda: 42, object(), (), {}) == 42
     assert "fit_end" in str(health.snapshot()["failures"])
 
 

@@ -163,7 +163,7 @@ def test_provider_for_role_is_asked_once_by_the_first_wrapper_that_fires(instrum
     tracing.stop()  # no state yet in this process
     instrumentor.instrument(provider_for_role=provider_for_role)
     assert asked == [] and not events.enabled()
-    assert tracing.active("agent_loop_worker") and tracing.active("trainer")
+    assert instrumentor.tracing.active("agent_loop_worker") and instrumentor.tracing.active("trainer")
     assert asked == ["agent_loop_worker"]
     _one_sample("u-1")
     assert _names(exporter) == ["verl.sample"]

@@ -18,6 +18,7 @@ from otel_verl import events
 from otel_verl.legacy.sample_csv import SampleCsvProcessor
 from otel_verl.legacy.trajectory_jsonl import TrajectoryJsonlProcessor
 from otel_verl.instrumentation import hooks, llm_client, llm_server
+from otel_verl.instrumentation.tracing import Tracing
 
 from demo_checks import csv_rows, jsonl_lines
 
@@ -45,7 +46,7 @@ class ResumingServerStandIn:
 
     def __init__(self):
         self.requests = []  # (request id as the engine saw it, prompt ids)
-        self.generate = _Remote(wrapt.FunctionWrapper(self._generate, llm_server._server_generate("sglang")))
+        self.generate = _Remote(wrapt.FunctionWrapper(self._generate, llm_server._server_generate(Tracing(), "sglang")))
 
     async def _generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None):
         from verl.workers.rollout.replica import TokenOutput
@@ -90,7 +91,7 @@ def resumed_turn(make_pipeline, tmp_path, monkeypatch):
     csv = SampleCsvProcessor(str(trace_dir), discovery_path=str(tmp_path / "discovery.txt"))
     jsonl = TrajectoryJsonlProcessor(str(trace_dir), discovery_path=str(tmp_path / "discovery.txt"))
     pipeline = make_pipeline([csv, jsonl])
-    hooks.install_all(llm_client.HOOKS)
+    hooks.install_all(llm_client.hooks(Tracing()))
     config = OmegaConf.create({"actor_rollout_ref": {"model": {"path": "/models/tiny-qwen"},
                                                      "rollout": {"name": "sglang", "response_length": 64}}})
     server = ResumingServerStandIn()

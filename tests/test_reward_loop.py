@@ -80,15 +80,18 @@ def hooked(make_pipeline):
     import importlib
 
     from otel_verl.instrumentation import agent_loop, hooks, reward_loop
+    from otel_verl.instrumentation.tracing import Tracing
 
     pipeline = make_pipeline()
-    table = [*agent_loop.HOOKS, *reward_loop.HOOKS]
+    tracing = Tracing()
+    reward_hooks, agent_hooks = reward_loop.hooks(tracing), agent_loop.hooks(tracing)
+    table = [*agent_hooks, *reward_hooks]
     hooks.install_all(table)
     try:
         for module in (agent_loop.AGENT_LOOP, reward_loop.REWARD_LOOP):
             importlib.import_module(module)
         status = hooks.status()
-        for hook in (*reward_loop.HOOKS, *[h for h in agent_loop.HOOKS if h.target.endswith("_compute_score")]):
+        for hook in (*reward_hooks, *[h for h in agent_hooks if h.target.endswith("_compute_score")]):
             assert status[hook.name][0] == hooks.INSTALLED, status[hook.name]
         yield pipeline
     finally:

@@ -71,11 +71,12 @@ def _trainer(loader, total_epochs):
 def hooked_separation(make_pipeline):
     import importlib
 
-    from otel_verl.instrumentation import hooks, trainer_separation
+    from otel_verl.instrumentation import _trainer, hooks, trainer_separation
+    from otel_verl.instrumentation.tracing import Tracing
 
     out = io.StringIO()
     pipeline = make_pipeline([ProgressLogProcessor(None, stdout=out)])
-    hooks.install_all(trainer_separation.HOOKS)
+    hooks.install_all(trainer_separation.hooks(_trainer.TracedTrainer(Tracing())))
     try:
         importlib.import_module(trainer_separation.SEPARATION)  # wrapped on import
         assert hooks.status()[f"{trainer_separation.SEPARATION}:SeparateRayPPOTrainer.fit"][0] == hooks.INSTALLED

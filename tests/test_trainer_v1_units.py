@@ -12,6 +12,7 @@ import pytest
 from otel_verl import carriers, events
 from otel_verl import semconv as sc
 from otel_verl.instrumentation import _trainer, trainer_v1
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Outcome
 
 U1 = "6f1c6c3e-6f7b-4d43-9d1c-5a1b2c3d4e5f"
@@ -101,9 +102,9 @@ class _TraceeTrainer:
 
 @pytest.fixture
 def v1_trainer():
-    _trainer.current.bind(_TraceeTrainer(), trainer_v1.TRAINER)
-    yield _trainer.current
-    _trainer.current.bind(None, "")
+    traced = _trainer.TracedTrainer(Tracing())
+    traced.bind(_TraceeTrainer(), trainer_v1.TRAINER)
+    return traced
 
 
 def test_evicted_filtered_cleared_and_never_consumed_samples_say_so(make_pipeline, v1_trainer):
@@ -120,8 +121,9 @@ def test_evicted_filtered_cleared_and_never_consumed_samples_say_so(make_pipelin
     def kv_clear(keys, partition_id):
         return None
 
-    trainer_v1._kv_clear(kv_clear, None, (), {"keys": ["u3", "u4_0_0", "u4_1_0"], "partition_id": "train"})
-    trainer_v1._kv_clear(kv_clear, None, (), {"keys": ["u5_0_0"], "partition_id": "val"})  # validation: ignored
+    clear = trainer_v1._kv_clear(v1_trainer)
+    clear(kv_clear, None, (), {"keys": ["u3", "u4_0_0", "u4_1_0"], "partition_id": "train"})
+    clear(kv_clear, None, (), {"keys": ["u5_0_0"], "partition_id": "val"})  # validation: ignored
     events.end_unconsumed_samples(Outcome.NOT_CONSUMED)  # what fit's end does
 
     assert _outcomes(pipeline) == {
@@ -146,7 +148,7 @@ def test_batch_stage_reports_trajectories_of_the_kv_batch(make_pipeline, v1_trai
     def update_actor(batch, metrics):
         return batch
 
-    wrapper = trainer_v1._batch_stage(sc.Stage.UPDATE_ACTOR, finishes=True)
+    wrapper = trainer_v1._batch_stage(v1_trainer, sc.Stage.UPDATE_ACTOR, finishes=True)
     assert wrapper(update_actor, None, (batch, {}), {}) is batch
     stage_spans = _by_name(pipeline.spans(), sc.sample_stage_span_name(sc.Stage.UPDATE_ACTOR.value))
     assert {s.attributes[sc.UID]: tuple(s.attributes[sc.TRAJ_UIDS]) for s in stage_spans} == {U1: ("0", "1"), U2: ("0",)}
@@ -163,7 +165,8 @@ def test_every_v1_and_separation_hook_installs_on_verl_0_9_1():
     pytest.importorskip("transfer_queue")
     from otel_verl.instrumentation import agent_loop_tq, hooks, trainer_separation
 
-    table = [*trainer_v1.HOOKS, *agent_loop_tq.HOOKS, *trainer_separation.HOOKS]
+    traced = _trainer.TracedTrainer(Tracing())
+    table = [*trainer_v1.hooks(traced), *agent_loop_tq.hooks(traced.tracing), *trainer_separation.hooks(traced)]
     try:
         hooks.install_all(table)
         for module in {h.module for h in table}:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_verl.events._core import TracingState, enabled, install, is_validating, state, validating, current_span_scope
+from otel_verl.events._core import TracingState, enabled, install, install_for, is_validating, state, validating, current_span_scope
 from otel_verl.events._core import _capturing_content as capturing_content
 from otel_verl.events.prompt_task import (
     end_open_prompt_tasks,

@@ -69,13 +69,26 @@ class TracingState:
 
 
 _installed: Optional[TracingState] = None  # the process's one slot
+_install_lock = threading.Lock()
 _active: contextvars.ContextVar[Optional[TracingState]] = contextvars.ContextVar("otel_verl_tracing", default=None)
 
 
 def install(tracing: Optional[TracingState]) -> None:
     """Make ``tracing`` the process's state (``None``: the events API reports nowhere)."""
     global _installed
-    _installed = tracing
+    with _install_lock:
+        _installed = tracing
+
+
+def install_for(provider: Any, build: Callable[[], TracingState]) -> None:
+    """Make ``build()`` the process's state unless the current one reports to ``provider``
+    already: handing over the same provider twice (two wrappers firing at once, a
+    configurator and an instrumentor) keeps its open samples."""
+    global _installed
+    with _install_lock:
+        current = state()
+        if current is None or current.provider is not provider:
+            _installed = build()
 
 
 def state() -> Optional[TracingState]:
@@ -89,6 +102,8 @@ def enabled() -> bool:
 
 @forks.in_child
 def _reset_in_child() -> None:
+    global _install_lock
+    _install_lock = threading.Lock()  # another thread may have held it at fork time
     if _installed is not None:
         _installed.after_fork()
 

@@ -10,29 +10,33 @@ It configures no SDK: building a provider with otel_verl's outputs is
 instruments with ``provider_for_role`` (see :mod:`.tracing`), so that the first wrapper
 to fire builds the provider for its process's role.
 
-Each verl component has its own module holding a table of wrap targets
-(:class:`otel_verl.instrumentation.hooks.Hook`) and thin wrappers that call
-:mod:`otel_verl.events`. A target that is missing or changed in the installed verl is
-skipped with one warning; :func:`hooks.status` lists what was installed.
+Each verl component has its own module whose ``hooks(...)`` lists its wrap targets
+(:class:`otel_verl.instrumentation.hooks.Hook`) with thin wrappers that call
+:mod:`otel_verl.events`, made by factories closing over the :class:`tracing.Tracing`
+``instrument()`` built (the trainer modules: over the :class:`_trainer.TracedTrainer`
+they share). A target that is missing or changed in the installed verl is skipped with
+one warning; :func:`hooks.status` lists what was installed.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Collection, List
+from typing import Any, Collection, List, Optional
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_verl import events
-from otel_verl.instrumentation import hooks, tracing
+from otel_verl.instrumentation import hooks
+from otel_verl.instrumentation.tracing import Tracing, use_provider
 from otel_verl.instrumentation.package import _instruments
 
 logger = logging.getLogger("otel_verl")
 
 
-def all_hooks() -> List[hooks.Hook]:
-    """Every wrap target of every component, in install order."""
+def all_hooks(tracing: Optional[Tracing] = None) -> List[hooks.Hook]:
+    """Every wrap target of every component, in install order, their wrappers reporting
+    through ``tracing`` (default: to the provider the events API reports to, if any)."""
     from otel_verl.instrumentation import (
         _trainer,
         agent_loop,
@@ -45,16 +49,18 @@ def all_hooks() -> List[hooks.Hook]:
         trainer_v1,
     )
 
+    tracing = tracing or Tracing()
+    traced = _trainer.TracedTrainer(tracing)
     return [
-        *_trainer.HOOKS,
-        *trainer_v0.HOOKS,
-        *trainer_v1.HOOKS,
-        *trainer_separation.HOOKS,
-        *agent_loop.HOOKS,
-        *agent_loop_tq.HOOKS,
-        *llm_client.HOOKS,
-        *llm_server.HOOKS,
-        *reward_loop.HOOKS,
+        *_trainer.hooks(traced),
+        *trainer_v0.hooks(traced),
+        *trainer_v1.hooks(traced),
+        *trainer_separation.hooks(traced),
+        *agent_loop.hooks(tracing),
+        *agent_loop_tq.hooks(tracing),
+        *llm_client.hooks(tracing),
+        *llm_server.hooks(tracing),
+        *reward_loop.hooks(tracing),
     ]
 
 
@@ -69,6 +75,7 @@ class VerlInstrumentor(BaseInstrumentor):
     of the spans); ``otel_verl.configure`` builds its own otherwise."""
 
     _metrics: Any = None  # the metrics processor recording into the user's meter provider
+    tracing: Optional[Tracing] = None  # what the installed wrappers report through
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -77,20 +84,22 @@ class VerlInstrumentor(BaseInstrumentor):
         tracer_provider = kwargs.get("tracer_provider")
         provider_for_role = kwargs.get("provider_for_role")
         if tracer_provider is None and provider_for_role is not None:
-            tracing.provide_on_first_use(provider_for_role)
-        elif tracer_provider is not None or not events.enabled():
-            tracing.use_provider(tracer_provider)
-        # else configure() kept its own provider beside another library's global one: so do we
+            self.tracing = Tracing(provider_for_role)  # asked by the first wrapper to fire
+        else:
+            self.tracing = Tracing()
+            if tracer_provider is not None or not events.enabled():
+                use_provider(tracer_provider)
+            # else configure() kept its own provider beside another library's global one: so do we
         meter_provider = kwargs.get("meter_provider")
         if meter_provider is not None:
             self._metrics = _metrics_into(meter_provider, tracer_provider or trace.get_tracer_provider())
-        hooks.install_all(all_hooks())
+        hooks.install_all(all_hooks(self.tracing))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         # The events API keeps its provider: code of one's own (a custom agent loop)
         # may report through it without the verl wrappers.
         hooks.uninstall_all()
-        tracing.provide_on_first_use(None)
+        self.tracing = None
         if self._metrics is not None:  # the tracer provider keeps it, recording nothing more
             self._metrics.shutdown()
             self._metrics = None

@@ -1,8 +1,9 @@
 """What the v0 and v1 trainer instrumentations share (both run in the TaskRunner actor).
 
-One trainer is traced per process: :data:`current` holds it, its ``verl.trainer`` name
-and layout, and the open "record metrics" stage (started where metrics are computed,
-ended by ``Tracking.log``, which is also where the step ends).
+One trainer is traced per process: a :class:`TracedTrainer`, made by
+``all_hooks`` and handed to each trainer module's ``hooks(traced)``, holds it, its
+``verl.trainer`` name and layout, and the open "record metrics" stage (started where
+metrics are computed, ended by ``Tracking.log``, which is also where the step ends).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from otel_verl import clock, events, health
 from otel_verl.deadline import Deadline
 from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Layout, Outcome, Role, Stage
 
 TRACKING = "verl.utils.tracking"
@@ -38,9 +40,10 @@ STAGE_BY_TIMER = {
 
 
 class TracedTrainer:
-    """The trainer being traced in this process."""
+    """The trainer being traced in this process, and the tracing its wrappers report through."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
         self.instance: Any = None
         self.name: str = ""
         self.layout: str = Layout.COLOCATED.value
@@ -56,11 +59,14 @@ class TracedTrainer:
     def global_step(self) -> int:
         return int(getattr(self.instance, "global_steps", -1) or -1)
 
-
-current = TracedTrainer()
+    def end_record_metrics(self) -> None:
+        handle, self.record_metrics = self.record_metrics, None
+        if handle is not None:
+            handle.end()
 
 
 def fit_wrapper(
+    traced: TracedTrainer,
     name: str,
     actors_of: Callable[[Any], List[Any]],
     *,
@@ -73,9 +79,9 @@ def fit_wrapper(
 
     def wrapper(wrapped, instance, args, kwargs):
         try:
-            tracing.active(Role.TRAINER)
-            current.bind(instance, name, layout_of(instance))
-            fit_started(instance)
+            traced.tracing.active(Role.TRAINER)
+            traced.bind(instance, name, layout_of(instance))
+            fit_started(traced)
         except Exception as exc:
             health.record_failure(f"{COMPONENT}.{name}.fit", exc)
         try:
@@ -84,20 +90,21 @@ def fit_wrapper(
             try:  # never replaces fit's own result or exception
                 if before_end is not None:
                     before_end()
-                fit_finished(actors_of(instance))
+                fit_finished(traced, actors_of(instance))
             except Exception as exc:
                 health.record_failure(f"{COMPONENT}.{name}.fit_end", exc)
 
     return wrapper
 
 
-def fit_started(instance: Any) -> None:
+def fit_started(traced: TracedTrainer) -> None:
     """The run's shape (config paths shared by verl's v0 and v1 trainers)."""
+    instance = traced.instance
     config = instance.config
     actor = config.actor_rollout_ref.actor
     events.fit_started(
-        trainer=current.name,
-        layout=current.layout,
+        trainer=traced.name,
+        layout=traced.layout,
         total_training_steps=int(instance.total_training_steps),
         train_batch_size=int(config.data.train_batch_size),
         rollout_n=int(config.actor_rollout_ref.rollout.n),
@@ -106,10 +113,10 @@ def fit_started(instance: Any) -> None:
     )
 
 
-def fit_finished(actors: List[Any]) -> None:
+def fit_finished(traced: TracedTrainer, actors: List[Any]) -> None:
     """End what the step loop left open and make every process write its spans out, all
     within one flush timeout: the actors flush while this process does."""
-    end_record_metrics()
+    traced.end_record_metrics()
     events.step_end()
     deadline = Deadline(tracing.flush_timeout_s())
     flushing = flush_actors(actors)
@@ -160,23 +167,24 @@ def chunk_worker_indices(n_rows: int, n_workers: int) -> List[int]:
 
 
 @contextlib.contextmanager
-def _in_stage_span(timer: Any, stage: Stage) -> Iterator[Any]:
+def _in_stage_span(traced: TracedTrainer, timer: Any, stage: Stage) -> Iterator[Any]:
     """A trainer's ``marked_timer(...)`` context manager inside a step-stage span."""
-    with events.step_stage(stage, step=current.global_step(), trainer=current.name, layout=current.layout):
+    with events.step_stage(stage, step=traced.global_step(), trainer=traced.name, layout=traced.layout):
         with timer as value:
             yield value
 
 
-def marked_timer_wrapper(stage_by_timer: "dict[str, Stage]"):
-    """Wrapper for a module's ``marked_timer`` global: known stage names become spans."""
+def marked_timer_wrapper(traced: TracedTrainer):
+    """Wrapper for a module's ``marked_timer`` global: known stage names (:data:`STAGE_BY_TIMER`)
+    become spans."""
 
     def wrapper(wrapped, instance, args, kwargs):
         timer = wrapped(*args, **kwargs)
         name = args[0] if args else kwargs.get("name")
-        stage = stage_by_timer.get(name)
-        if stage is None or events.is_validating() or not current.active:
+        stage = STAGE_BY_TIMER.get(name)
+        if stage is None or events.is_validating() or not traced.active:
             return timer
-        return _in_stage_span(timer, stage)
+        return _in_stage_span(traced, timer, stage)
 
     return wrapper
 
@@ -190,7 +198,8 @@ class BatchRows(NamedTuple):
     oldest_versions: Any = None
 
 
-def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., Any], *, finishes: bool = False):
+def batch_stage_wrapper(traced: TracedTrainer, stage: Stage, trainer_name: str, ids_of: Callable[..., Any], *,
+                        finishes: bool = False):
     """Wrapper for a trainer method or module function that runs one batch stage: after it
     returns, one span per uid of its batch (``ids_of(wrapped, instance, args, kwargs,
     result)`` gives its :class:`BatchRows`, or None when the batch is not reported), and the
@@ -198,14 +207,14 @@ def batch_stage_wrapper(stage: Stage, trainer_name: str, ids_of: Callable[..., A
     (v1 calls some of v0's module functions, such as compute_advantage)."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        if events.is_validating() or current.name != trainer_name:
+        if events.is_validating() or traced.name != trainer_name:
             return wrapped(*args, **kwargs)
         started = clock.monotonic_ns()
         result = wrapped(*args, **kwargs)
         try:
             rows = ids_of(wrapped, instance, args, kwargs, result)
             if rows is not None:
-                step = current.global_step()
+                step = traced.global_step()
                 # the start on the system clock as it reads now: the duration is true across a jump
                 events.sample_stage_done(stage, rows.uids, rows.traj_uids, step=step,
                                          start_ns=clock.epoch_ns_since(started), trainer=trainer_name)
@@ -224,29 +233,30 @@ def validate(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
 
 
-def begin_record_metrics(wrapped, instance, args, kwargs):
-    if current.active and not events.is_validating() and current.record_metrics is None:
-        current.record_metrics = events.stage_begin(
-            Stage.RECORD_METRICS, step=current.global_step(), trainer=current.name, layout=current.layout
-        )
-    return wrapped(*args, **kwargs)
+def record_metrics_wrapper(traced: TracedTrainer):
+    """Wrapper for where a trainer computes the step's metrics: "record metrics" begins."""
 
-
-def tracking_log(wrapped, instance, args, kwargs):
-    try:
+    def wrapper(wrapped, instance, args, kwargs):
+        if traced.active and not events.is_validating() and traced.record_metrics is None:
+            traced.record_metrics = events.stage_begin(
+                Stage.RECORD_METRICS, step=traced.global_step(), trainer=traced.name, layout=traced.layout
+            )
         return wrapped(*args, **kwargs)
-    finally:
-        if current.record_metrics is not None:  # the step's metrics are logged: step done
-            end_record_metrics()
-            events.step_end()
+
+    return wrapper
 
 
-def end_record_metrics() -> None:
-    handle, current.record_metrics = current.record_metrics, None
-    if handle is not None:
-        handle.end()
+def _tracking_log(traced: TracedTrainer):
+    def wrapper(wrapped, instance, args, kwargs):
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if traced.record_metrics is not None:  # the step's metrics are logged: step done
+                traced.end_record_metrics()
+                events.step_end()
+
+    return wrapper
 
 
-HOOKS = [
-    Hook(TRACKING, "Tracking.log", tracking_log, ("data", "step"), COMPONENT),
-]
+def hooks(traced: TracedTrainer) -> List[Hook]:
+    return [Hook(TRACKING, "Tracking.log", _tracking_log(traced), ("data", "step"), COMPONENT)]

@@ -18,9 +18,9 @@ import sys
 from typing import Any, List, Optional
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import arguments, with_argument
 from otel_verl.instrumentation.hooks import Hook, install_on
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Role
 
 AGENT_LOOP = "verl.experimental.agent_loop.agent_loop"
@@ -74,18 +74,21 @@ def _provider(worker: Any, rollout_config: Any) -> str:
     return provider
 
 
-async def _run_agent_loop(wrapped, instance, args, kwargs):
-    carrier = carriers.pop_kwargs(kwargs)  # verl passes the row's columns as keywords: ours never reaches it
-    if not tracing.active(Role.AGENT_LOOP_WORKER):
-        return await wrapped(*args, **kwargs)
-    try:
-        worker, values = arguments(wrapped, instance, args, kwargs)
-        traj_args = _trajectory_args(worker, values.get("trajectory"), kwargs, carrier)
-    except Exception as exc:
-        health.record_failure("agent_loop._run_agent_loop", exc)
-        return await wrapped(*args, **kwargs)
-    with events.trajectory(**traj_args):
-        return await wrapped(*args, **kwargs)
+def _run_agent_loop(tracing: Tracing):
+    async def wrapper(wrapped, instance, args, kwargs):
+        carrier = carriers.pop_kwargs(kwargs)  # verl passes the row's columns as keywords: ours never reaches it
+        if not tracing.active(Role.AGENT_LOOP_WORKER):
+            return await wrapped(*args, **kwargs)
+        try:
+            worker, values = arguments(wrapped, instance, args, kwargs)
+            traj_args = _trajectory_args(worker, values.get("trajectory"), kwargs, carrier)
+        except Exception as exc:
+            health.record_failure("agent_loop._run_agent_loop", exc)
+            return await wrapped(*args, **kwargs)
+        with events.trajectory(**traj_args):
+            return await wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 def _postprocess(wrapped, instance, args, kwargs):
@@ -269,12 +272,16 @@ def _observation_texts(messages: List[Any]) -> List[str]:
     return texts
 
 
-HOOKS = [
-    Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop, ("sampling_params", "trajectory", "agent_name"), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs", "kwargs"), COMPONENT),
-    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
-    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_generating_state", _handle_generating_state, ("agent_data",), COMPONENT),
-    Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state, ("agent_data",), COMPONENT),
-]
+def hooks(tracing: Tracing) -> List[Hook]:
+    return [
+        Hook(AGENT_LOOP, "AgentLoopWorker.__init__", _worker_init, ("config",), COMPONENT),
+        Hook(AGENT_LOOP, "AgentLoopWorker._run_agent_loop", _run_agent_loop(tracing),
+             ("sampling_params", "trajectory", "agent_name"), COMPONENT),
+        Hook(AGENT_LOOP, "AgentLoopWorker._postprocess", _postprocess, ("input_non_tensor_batch",), COMPONENT),
+        Hook(AGENT_LOOP, "AgentLoopWorker._compute_score", _compute_score, ("outputs", "kwargs"), COMPONENT),
+        Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._call_tool", _call_tool, ("tool_call",), COMPONENT),
+        Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_generating_state", _handle_generating_state, ("agent_data",),
+             COMPONENT),
+        Hook(TOOL_AGENT_LOOP, "ToolAgentLoop._handle_processing_tools_state", _handle_processing_tools_state,
+             ("agent_data",), COMPONENT),
+    ]

@@ -12,12 +12,12 @@ row arrived in this process). The sessions themselves are trajectories
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, List
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import arguments
 from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Role
 
 TRANSFER_QUEUE = "transfer_queue"
@@ -25,25 +25,28 @@ COMPONENT = "agent_loop_tq"
 TRAIN_PARTITION = "train"
 
 
-async def _async_kv_put(wrapped, instance, args, kwargs):
-    status = None
-    key = None
-    try:
-        _, values = arguments(wrapped, instance, args, kwargs)
-        tag = values.get("tag")
-        if values.get("partition_id") == TRAIN_PARTITION and values.get("fields") is None and isinstance(tag, dict):
-            status, key = tag.get("status"), values.get("key")
-            if status == "running":
-                _prompt_running(key)
-    except Exception as exc:
-        health.record_failure("agent_loop_tq.async_kv_put", exc)
-    result = await wrapped(*args, **kwargs)
-    if status in ("finished", "failure"):
-        events.prompt_task_finished(key, failed=status == "failure")
-    return result
+def _async_kv_put(tracing: Tracing):
+    async def wrapper(wrapped, instance, args, kwargs):
+        status = None
+        key = None
+        try:
+            _, values = arguments(wrapped, instance, args, kwargs)
+            tag = values.get("tag")
+            if values.get("partition_id") == TRAIN_PARTITION and values.get("fields") is None and isinstance(tag, dict):
+                status, key = tag.get("status"), values.get("key")
+                if status == "running":
+                    _prompt_running(tracing, key)
+        except Exception as exc:
+            health.record_failure("agent_loop_tq.async_kv_put", exc)
+        result = await wrapped(*args, **kwargs)
+        if status in ("finished", "failure"):
+            events.prompt_task_finished(key, failed=status == "failure")
+        return result
+
+    return wrapper
 
 
-def _prompt_running(uid: Any) -> None:
+def _prompt_running(tracing: Tracing, uid: Any) -> None:
     tracing.active(Role.AGENT_LOOP_WORKER)
     carrier = carriers.take_arrived(uid)
     row = getattr(carrier, "row", None) or {}
@@ -56,6 +59,5 @@ def _prompt_running(uid: Any) -> None:
     )
 
 
-HOOKS = [
-    Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put, ("key", "partition_id", "fields", "tag"), COMPONENT),
-]
+def hooks(tracing: Tracing) -> List[Hook]:
+    return [Hook(TRANSFER_QUEUE, "async_kv_put", _async_kv_put(tracing), ("key", "partition_id", "fields", "tag"), COMPONENT)]

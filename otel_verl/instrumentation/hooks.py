@@ -47,6 +47,7 @@ class Hook:
 
 _lock = threading.Lock()
 _status: Dict[str, Tuple[str, str]] = {}  # hook name -> (state, reason)
+_waiting: Dict[str, Hook] = {}  # hook name -> the hook waiting for its module to be imported
 _patches: List[Tuple[Any, str, Any]] = []  # (owner, attribute, original or None when wrapt-wrapped)
 
 
@@ -56,6 +57,7 @@ def install_all(hooks: List[Hook]) -> None:
             if _status.get(hook.name, ("",))[0] in (INSTALLED, PENDING):
                 continue
             _status[hook.name] = (PENDING, "module not imported yet")
+            _waiting[hook.name] = hook
         if hook.module in sys.modules:
             _install(hook, sys.modules[hook.module])
         else:
@@ -63,10 +65,11 @@ def install_all(hooks: List[Hook]) -> None:
 
 
 def _install_if_pending(hook: Hook, module: Any) -> None:
-    """A post-import hook (wrapt keeps it for good): installs only while the hook still waits
-    for its module, not after an uninstall, nor twice after instrumenting again."""
+    """A post-import hook (wrapt keeps it for good): installs only while this very hook
+    still waits for its module: not after an uninstall, nor an earlier instrumentation's
+    wrapper after instrumenting again."""
     with _lock:
-        if _status.get(hook.name, ("",))[0] != PENDING:
+        if _waiting.get(hook.name) is not hook:
             return
     _install(hook, module)
 
@@ -113,6 +116,7 @@ def install_on(owner: Any, attr: str, wrapper: Callable[..., Any]) -> None:
 
 def _installed(name: str, patch: Tuple[Any, str, Any]) -> None:
     with _lock:
+        _waiting.pop(name, None)
         _status[name] = (INSTALLED, "")
         _patches.append(patch)
 
@@ -146,6 +150,7 @@ def _check(hook: Hook, module: Any) -> str:
 
 def _skip(hook: Hook, reason: str) -> None:
     with _lock:
+        _waiting.pop(hook.name, None)
         _status[hook.name] = (SKIPPED, reason)
     logger.warning("otel_verl: hook %s skipped: %s", hook.name, reason)
 
@@ -155,6 +160,7 @@ def uninstall_all() -> None:
         patches = list(_patches)
         _patches.clear()
         _status.clear()
+        _waiting.clear()
     for owner, attr, original in reversed(patches):
         try:
             if original is None:

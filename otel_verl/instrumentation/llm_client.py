@@ -13,11 +13,13 @@ weight version that served the request.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, List
 
 from otel_verl import carriers, events, health
 from otel_verl.instrumentation._args import arguments
 from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.tracing import Tracing
+from otel_verl.semconv import Role
 
 LLM_SERVER = "verl.workers.rollout.llm_server"
 COMPONENT = "llm_client"
@@ -44,12 +46,12 @@ def _model_and_provider(client: Any) -> "tuple[str | None, str]":
     return result
 
 
-def _turn(resumes: bool):
+def _turn(tracing: Tracing, resumes: bool):
     """The wrapper of a client's generate; ``resumes``: the client calls the plain
     client again for an aborted request, and those calls are attempts of this turn."""
 
     def wrapper(wrapped, instance, args, kwargs):
-        if not events.enabled():  # tracing is off here: verl's own coroutine, no layer of ours
+        if not tracing.active(Role.AGENT_LOOP_WORKER):  # off here: verl's own coroutine, no layer of ours
             return wrapped(*args, **kwargs)
         return _traced_generate(wrapped, instance, args, kwargs, resumes)
 
@@ -112,10 +114,10 @@ def _engine_request_id(wrapped, instance, args, kwargs):
     return request_id
 
 
-HOOKS = [
-    Hook(LLM_SERVER, "LLMServerClient.generate", _turn(resumes=False), ("request_id", "prompt_ids", "sampling_params"),
-         COMPONENT),
-    Hook(LLM_SERVER, "FullyAsyncLLMServerClient.generate", _turn(resumes=True),
-         ("request_id", "prompt_ids", "sampling_params"), COMPONENT),
-    Hook(LLM_SERVER, "LLMServerClient._vllm_request_id", _engine_request_id, ("request_id",), COMPONENT),
-]
+def hooks(tracing: Tracing) -> List[Hook]:
+    generate_params = ("request_id", "prompt_ids", "sampling_params")
+    return [
+        Hook(LLM_SERVER, "LLMServerClient.generate", _turn(tracing, resumes=False), generate_params, COMPONENT),
+        Hook(LLM_SERVER, "FullyAsyncLLMServerClient.generate", _turn(tracing, resumes=True), generate_params, COMPONENT),
+        Hook(LLM_SERVER, "LLMServerClient._vllm_request_id", _engine_request_id, ("request_id",), COMPONENT),
+    ]

@@ -14,10 +14,12 @@ keeps its own (see ``otel_verl.configure``).
 
 from __future__ import annotations
 
+from typing import List
+
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import arguments, with_argument
 from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Role
 
 SGLANG_SERVER = "verl.workers.rollout.sglang_rollout.async_sglang_server"
@@ -27,7 +29,7 @@ VLLM_ASYNC_LLM = "vllm.v1.engine.async_llm"
 COMPONENT = "llm_server"
 
 
-def _server_generate(provider: str):
+def _server_generate(tracing: Tracing, provider: str):
     async def wrapper(wrapped, instance, args, kwargs):
         call = None
         try:
@@ -96,10 +98,12 @@ def _tracing_on(engine) -> bool:
     return getattr(config, "otlp_traces_endpoint", "unknown") is not None
 
 
-HOOKS = [
-    Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate("sglang"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
-    Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate("vllm"), ("prompt_ids", "sampling_params", "request_id"), COMPONENT),
-    Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
-    # installed only where the engine's generate takes trace_headers
-    Hook(VLLM_ASYNC_LLM, "AsyncLLM.generate", _engine_generate, ("trace_headers",), COMPONENT),
-]
+def hooks(tracing: Tracing) -> List[Hook]:
+    generate_params = ("prompt_ids", "sampling_params", "request_id")
+    return [
+        Hook(SGLANG_SERVER, "SGLangHttpServer.generate", _server_generate(tracing, "sglang"), generate_params, COMPONENT),
+        Hook(VLLM_SERVER, "vLLMHttpServer.generate", _server_generate(tracing, "vllm"), generate_params, COMPONENT),
+        Hook(SGLANG_TOKENIZER_MANAGER, "TokenizerManager.generate_request", _generate_request, ("obj",), COMPONENT),
+        # installed only where the engine's generate takes trace_headers
+        Hook(VLLM_ASYNC_LLM, "AsyncLLM.generate", _engine_generate, ("trace_headers",), COMPONENT),
+    ]

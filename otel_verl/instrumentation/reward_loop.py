@@ -10,12 +10,12 @@ as one more column (see :mod:`.agent_loop`); it is popped here before the reward
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from otel_verl import carriers, events, health
-from otel_verl.instrumentation import tracing
 from otel_verl.instrumentation._args import arguments
 from otel_verl.instrumentation.hooks import Hook
+from otel_verl.instrumentation.tracing import Tracing
 from otel_verl.semconv import Role
 
 REWARD_LOOP = "verl.experimental.reward_loop.reward_loop"
@@ -29,22 +29,25 @@ def _carrier_of(column: Any) -> Optional[Any]:
     return column[-1]
 
 
-async def _compute_score(wrapped, instance, args, kwargs):
-    parent = None
-    try:
-        data = arguments(wrapped, instance, args, kwargs)[1].get("data")
-        parent = _carrier_of(carriers.pop_column(data))  # popped even when tracing is off here
-    except Exception as exc:
-        health.record_failure("reward_loop.compute_score", exc)
-    if parent is None or not tracing.active(Role.REWARD_WORKER):
-        return await wrapped(*args, **kwargs)
-    manager = getattr(instance, "reward_manager", None)
-    with events.reward_worker_call(parent, reward_manager=type(manager).__name__ if manager is not None else None) as call:
-        result = await wrapped(*args, **kwargs)
-        call.score(result.get("reward_score") if isinstance(result, dict) else None)
-        return result
+def _compute_score(tracing: Tracing):
+    async def wrapper(wrapped, instance, args, kwargs):
+        parent = None
+        try:
+            data = arguments(wrapped, instance, args, kwargs)[1].get("data")
+            parent = _carrier_of(carriers.pop_column(data))  # popped even when tracing is off here
+        except Exception as exc:
+            health.record_failure("reward_loop.compute_score", exc)
+        if parent is None or not tracing.active(Role.REWARD_WORKER):
+            return await wrapped(*args, **kwargs)
+        manager = getattr(instance, "reward_manager", None)
+        manager_name = type(manager).__name__ if manager is not None else None
+        with events.reward_worker_call(parent, reward_manager=manager_name) as call:
+            result = await wrapped(*args, **kwargs)
+            call.score(result.get("reward_score") if isinstance(result, dict) else None)
+            return result
+
+    return wrapper
 
 
-HOOKS = [
-    Hook(REWARD_LOOP, "RewardLoopWorker.compute_score", _compute_score, ("data",), COMPONENT),
-]
+def hooks(tracing: Tracing) -> List[Hook]:
+    return [Hook(REWARD_LOOP, "RewardLoopWorker.compute_score", _compute_score(tracing), ("data",), COMPONENT)]

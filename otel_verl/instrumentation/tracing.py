@@ -6,17 +6,18 @@ one. A configurator that builds providers (``otel_verl.configure``, the Ray setu
 may instead hand over ``provider_for_role``: the provider is then asked for by the first
 wrapper that fires, because only the wrappers know their process's role (trainer,
 rollout worker, LLM server), and the role decides the provider's resource and outputs.
+``instrument()`` makes one :class:`Tracing` holding that choice and hands it to the
+wrappers' factories, as the contrib instrumentations hand their handler to theirs.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, Optional
 
 from opentelemetry import trace
 
-from otel_verl import events, forks, health, settings as settings_mod
+from otel_verl import events, health, settings as settings_mod
 from otel_verl.semconv import INSTRUMENTATION_NAME
 from otel_verl.version import __version__
 
@@ -24,15 +25,32 @@ logger = logging.getLogger("otel_verl")
 
 ProviderForRole = Callable[[str], Optional[Any]]  # role -> TracerProvider, or None: tracing off here
 
-_lock = threading.RLock()
-_provider_for_role: Optional[ProviderForRole] = None
-_said_off = False  # provider_for_role answered None: tracing stays off here
 
+class Tracing:
+    """What the wrappers of one ``instrument()`` report through: the events API's state,
+    and where none is installed yet, ``provider_for_role`` to ask for one (once)."""
 
-@forks.in_child
-def _new_lock_in_child() -> None:
-    global _lock
-    _lock = threading.RLock()  # another thread may have held it at fork time
+    def __init__(self, provider_for_role: Optional[ProviderForRole] = None) -> None:
+        self._provider_for_role = provider_for_role
+        self._said_off = False  # provider_for_role answered None: tracing stays off here
+
+    def active(self, role: str) -> bool:
+        """Whether the events API reports to a provider; where it does not, the first call
+        asks ``provider_for_role(role)`` (only the wrappers know their process's role)."""
+        if events.enabled():
+            return True
+        ask = self._provider_for_role
+        if ask is None or self._said_off:
+            return False
+        try:
+            provider = ask(role)
+        except Exception as exc:
+            health.record_failure("instrumentation.provider_for_role", exc)
+            provider = None
+        if provider is None:
+            self._said_off = True
+            return False
+        return use_provider(provider)
 
 
 def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Settings] = None,
@@ -48,12 +66,8 @@ def use_provider(tracer_provider: Any = None, settings: Optional[settings_mod.Se
     """
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     try:
-        with _lock:
-            current = events.state()
-            if current is not None and current.provider is provider:
-                return True
-            events.install(state_for(provider, settings, tracer))
-            return True
+        events.install_for(provider, lambda: state_for(provider, settings, tracer))
+        return True
     except settings_mod.ConfigError as exc:
         logger.error("otel_verl: tracing stays off: %s", exc)
     except Exception as exc:
@@ -90,38 +104,9 @@ class _ProviderIds:
         pass
 
 
-def provide_on_first_use(provider_for_role: Optional[ProviderForRole]) -> None:
-    """Ask ``provider_for_role(role)`` for the provider when the first wrapper fires in a
-    process with no tracing state (see :func:`active`); ``None`` forgets it."""
-    global _provider_for_role, _said_off
-    with _lock:
-        _provider_for_role, _said_off = provider_for_role, False
-
-
-def active(role: str) -> bool:
-    """Whether the events API reports to a provider; where it does not, the first call
-    asks ``provider_for_role(role)`` (only the wrappers know their process's role)."""
-    global _said_off
-    if events.enabled():
-        return True
-    ask = _provider_for_role
-    if ask is None or _said_off:
-        return False
-    try:
-        provider = ask(role)
-    except Exception as exc:
-        health.record_failure("instrumentation.provider_for_role", exc)
-        provider = None
-    if provider is None:
-        _said_off = True
-        return False
-    return use_provider(provider)
-
-
 def stop() -> None:
     """The events API reports nowhere (the provider is being shut down)."""
-    with _lock:
-        events.install(None)
+    events.install(None)
 
 
 def flush(timeout_s: Optional[float] = None, provider: Any = None) -> bool:

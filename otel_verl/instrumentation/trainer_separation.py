@@ -18,7 +18,7 @@ used up ends with no batch.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, List
 
 from otel_verl import events, health
 from otel_verl.instrumentation import _trainer, trainer_v0
@@ -33,9 +33,10 @@ class _FetchTracedLoader:
     """The trainer's train dataloader while ``fit`` runs: the same loader (length, state,
     every attribute), but iterating it reports each fetch as a ``fetch_batch`` stage."""
 
-    def __init__(self, loader: Any, trainer: Any) -> None:
+    def __init__(self, loader: Any, trainer: Any, traced: _trainer.TracedTrainer) -> None:
         self._otel_loader = loader
         self._otel_trainer = trainer
+        self._otel_traced = traced
 
     def __iter__(self) -> Iterator[Any]:
         batches = iter(self._otel_loader)
@@ -62,38 +63,42 @@ class _FetchTracedLoader:
         return getattr(self._otel_loader, name)
 
     def _begin_fetch(self) -> events.StageHandle:
-        current = _trainer.current
-        if current.instance is not self._otel_trainer or events.is_validating():
+        traced = self._otel_traced
+        if traced.instance is not self._otel_trainer or events.is_validating():
             return events.StageHandle(None)  # not traced: a handle that does nothing
-        return events.stage_begin(Stage.FETCH_BATCH, step=current.global_step(), trainer=current.name,
-                                  layout=current.layout)
+        return events.stage_begin(Stage.FETCH_BATCH, step=traced.global_step(), trainer=traced.name,
+                                  layout=traced.layout)
 
 
-_traced_fit = _trainer.fit_wrapper(trainer_v0.TRAINER, trainer_v0._worker_actors,
-                                   layout_of=lambda _: Layout.DISAGGREGATED.value)
+def _fit(traced: _trainer.TracedTrainer):
+    traced_fit = _trainer.fit_wrapper(traced, trainer_v0.TRAINER, trainer_v0._worker_actors,
+                                      layout_of=lambda _: Layout.DISAGGREGATED.value)
 
-
-def _fit(wrapped, instance, args, kwargs):
-    loader = getattr(instance, "train_dataloader", None)
-    view = None
-    if loader is not None and not isinstance(loader, _FetchTracedLoader):
+    def wrapper(wrapped, instance, args, kwargs):
+        loader = getattr(instance, "train_dataloader", None)
+        view = None
+        if loader is not None and not isinstance(loader, _FetchTracedLoader):
+            try:
+                view = _FetchTracedLoader(loader, instance, traced)
+                instance.train_dataloader = view
+            except Exception as exc:
+                health.record_failure(f"{COMPONENT}.fit", exc)
+                view = None
         try:
-            view = _FetchTracedLoader(loader, instance)
-            instance.train_dataloader = view
-        except Exception as exc:
-            health.record_failure(f"{COMPONENT}.fit", exc)
-            view = None
-    try:
-        return _traced_fit(wrapped, instance, args, kwargs)
-    finally:
-        if view is not None and getattr(instance, "train_dataloader", None) is view:
-            instance.train_dataloader = loader  # fit is over: verl's own loader again
+            return traced_fit(wrapped, instance, args, kwargs)
+        finally:
+            if view is not None and getattr(instance, "train_dataloader", None) is view:
+                instance.train_dataloader = loader  # fit is over: verl's own loader again
+
+    return wrapper
 
 
-HOOKS = [
-    Hook(SEPARATION, "SeparateRayPPOTrainer.fit", _fit, (), COMPONENT),
-    Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
-    Hook(SEPARATION, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
-    Hook(SEPARATION, "extract_reward", trainer_v0._batch_stage(Stage.REWARD, "batch"), ("batch",), COMPONENT),
-    Hook(SEPARATION, "compute_advantage", trainer_v0._batch_stage(Stage.ADVANTAGE, "data"), ("data",), COMPONENT),
-]
+def hooks(traced: _trainer.TracedTrainer) -> List[Hook]:
+    return [
+        Hook(SEPARATION, "SeparateRayPPOTrainer.fit", _fit(traced), (), COMPONENT),
+        Hook(SEPARATION, "marked_timer", _trainer.marked_timer_wrapper(traced), ("name",), COMPONENT),
+        Hook(SEPARATION, "compute_data_metrics", _trainer.record_metrics_wrapper(traced), ("batch",), COMPONENT),
+        Hook(SEPARATION, "extract_reward", trainer_v0._batch_stage(traced, Stage.REWARD, "batch"), ("batch",), COMPONENT),
+        Hook(SEPARATION, "compute_advantage", trainer_v0._batch_stage(traced, Stage.ADVANTAGE, "data"), ("data",),
+             COMPONENT),
+    ]

@@ -43,24 +43,27 @@ def _worker_actors(trainer: Any) -> List[Any]:
     )
 
 
-def _get_gen_batch(wrapped, instance, args, kwargs):
-    if not events.is_validating():
-        try:
-            _, values = arguments(wrapped, instance, args, kwargs)
-            step = int(instance.global_steps)
-            if _trainer.current.instance is not instance:
-                _trainer.current.bind(instance, TRAINER)
-            _trainer.end_record_metrics()
-            # v0 trains every sample in the step that created it: whatever is still open
-            # from an earlier step was not trained (critic warm-up, a skipped update).
-            events.end_samples_before(step, Outcome.DROPPED)
-            batches = max(1, len(instance.train_dataloader))
-            events.step_begin(step, trainer=TRAINER, layout=_trainer.current.layout,
-                              epoch=(step - 1) // batches, consumed_batches=(step - 1) % batches)
-            events.samples_created(values["batch"].non_tensor_batch["uid"], step=step, trainer=TRAINER)
-        except Exception as exc:
-            health.record_failure("trainer_v0._get_gen_batch", exc)
-    return wrapped(*args, **kwargs)
+def _get_gen_batch(traced: _trainer.TracedTrainer):
+    def wrapper(wrapped, instance, args, kwargs):
+        if not events.is_validating():
+            try:
+                _, values = arguments(wrapped, instance, args, kwargs)
+                step = int(instance.global_steps)
+                if traced.instance is not instance:
+                    traced.bind(instance, TRAINER)
+                traced.end_record_metrics()
+                # v0 trains every sample in the step that created it: whatever is still open
+                # from an earlier step was not trained (critic warm-up, a skipped update).
+                events.end_samples_before(step, Outcome.DROPPED)
+                batches = max(1, len(instance.train_dataloader))
+                events.step_begin(step, trainer=TRAINER, layout=traced.layout,
+                                  epoch=(step - 1) // batches, consumed_batches=(step - 1) % batches)
+                events.samples_created(values["batch"].non_tensor_batch["uid"], step=step, trainer=TRAINER)
+            except Exception as exc:
+                health.record_failure("trainer_v0._get_gen_batch", exc)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -97,36 +100,39 @@ def _worker_indices(prompts: Any, n_workers: int) -> List[int]:
     return out
 
 
-async def _generate_sequences(wrapped, instance, args, kwargs):
-    dispatched = None
-    try:
-        manager, values = arguments(wrapped, instance, args, kwargs)
-        prompts = values["prompts"]
-        meta = prompts.meta_info
-        validate = bool(meta.get("validate", False)) or events.is_validating()
-        if not validate and "uid" in prompts.non_tensor_batch:
-            uids = id_list(prompts.non_tensor_batch["uid"])
-            traj_uids = _traj_uids(prompts, uids)
-            workers = _worker_indices(prompts, len(getattr(manager, "agent_loop_workers", [])) or 1)
-            step = int(meta.get("global_steps", _trainer.current.global_step()))
-            row_carriers = events.rollout_dispatched(uids, traj_uids, workers, step=step, trainer=TRAINER)
-            if row_carriers is not None:
-                carriers.inject_column(prompts, row_carriers)
-                dispatched = (uids, traj_uids)
-    except Exception as exc:
-        health.record_failure("trainer_v0.generate_sequences", exc)
-    try:
-        output = await wrapped(*args, **kwargs)
-    except BaseException as exc:
+def _generate_sequences(traced: _trainer.TracedTrainer):
+    async def wrapper(wrapped, instance, args, kwargs):
+        dispatched = None
+        try:
+            manager, values = arguments(wrapped, instance, args, kwargs)
+            prompts = values["prompts"]
+            meta = prompts.meta_info
+            validate = bool(meta.get("validate", False)) or events.is_validating()
+            if not validate and "uid" in prompts.non_tensor_batch:
+                uids = id_list(prompts.non_tensor_batch["uid"])
+                traj_uids = _traj_uids(prompts, uids)
+                workers = _worker_indices(prompts, len(getattr(manager, "agent_loop_workers", [])) or 1)
+                step = int(meta.get("global_steps", traced.global_step()))
+                row_carriers = events.rollout_dispatched(uids, traj_uids, workers, step=step, trainer=TRAINER)
+                if row_carriers is not None:
+                    carriers.inject_column(prompts, row_carriers)
+                    dispatched = (uids, traj_uids)
+        except Exception as exc:
+            health.record_failure("trainer_v0.generate_sequences", exc)
+        try:
+            output = await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if dispatched is not None:
+                events.rollout_returned(dispatched[0], error=exc)
+            raise
+        finally:
+            if dispatched is not None:
+                carriers.pop_column(prompts)
         if dispatched is not None:
-            events.rollout_returned(dispatched[0], error=exc)
-        raise
-    finally:
-        if dispatched is not None:
-            carriers.pop_column(prompts)
-    if dispatched is not None:
-        _after_generation(output, *dispatched)
-    return output
+            _after_generation(output, *dispatched)
+        return output
+
+    return wrapper
 
 
 @health.guarded(default=None)
@@ -152,7 +158,7 @@ def _batch_ids(batch: Any) -> "tuple[Any, Any]":
     return columns.get("uid"), columns.get(TRAJ_UID_COLUMN)
 
 
-def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
+def _batch_stage(traced: _trainer.TracedTrainer, stage: Stage, batch_arg: str, *, finishes: bool = False):
     """Wrapper for a method or function that runs one batch stage on ``batch_arg`` (a DataProto)."""
 
     def ids_of(wrapped, instance, args, kwargs, result):
@@ -163,20 +169,24 @@ def _batch_stage(stage: Stage, batch_arg: str, *, finishes: bool = False):
         # the agent loop's min_global_steps column: the oldest weights behind each row
         return _trainer.BatchRows(uids, traj_uids, batch.non_tensor_batch.get("min_global_steps"))
 
-    return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
+    return _trainer.batch_stage_wrapper(traced, stage, TRAINER, ids_of, finishes=finishes)
 
 
-HOOKS = [
-    Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(TRAINER, _worker_actors), (), COMPONENT),
-    Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER), ("name",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch, ("batch",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),
-    Hook(RAY_TRAINER, "compute_data_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
-    Hook(AGENT_LOOP, "AgentLoopManager.generate_sequences", _generate_sequences, ("prompts",), COMPONENT,
-         redecorate=lambda fn: __import__("verl.utils.ray_utils", fromlist=["auto_await"]).auto_await(fn)),
-    Hook(RAY_TRAINER, "extract_reward", _batch_stage(Stage.REWARD, "batch"), ("batch",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._compute_old_log_prob", _batch_stage(Stage.OLD_LOG_PROB, "batch"), ("batch",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._compute_ref_log_prob", _batch_stage(Stage.REF_LOG_PROB, "batch"), ("batch",), COMPONENT),
-    Hook(RAY_TRAINER, "compute_advantage", _batch_stage(Stage.ADVANTAGE, "data"), ("data",), COMPONENT),
-    Hook(RAY_TRAINER, "RayPPOTrainer._update_actor", _batch_stage(Stage.UPDATE_ACTOR, "batch", finishes=True), ("batch",), COMPONENT),
-]
+def hooks(traced: _trainer.TracedTrainer) -> List[Hook]:
+    return [
+        Hook(RAY_TRAINER, "RayPPOTrainer.fit", _trainer.fit_wrapper(traced, TRAINER, _worker_actors), (), COMPONENT),
+        Hook(RAY_TRAINER, "marked_timer", _trainer.marked_timer_wrapper(traced), ("name",), COMPONENT),
+        Hook(RAY_TRAINER, "RayPPOTrainer._get_gen_batch", _get_gen_batch(traced), ("batch",), COMPONENT),
+        Hook(RAY_TRAINER, "RayPPOTrainer._validate", _trainer.validate, (), COMPONENT),
+        Hook(RAY_TRAINER, "compute_data_metrics", _trainer.record_metrics_wrapper(traced), ("batch",), COMPONENT),
+        Hook(AGENT_LOOP, "AgentLoopManager.generate_sequences", _generate_sequences(traced), ("prompts",), COMPONENT,
+             redecorate=lambda fn: __import__("verl.utils.ray_utils", fromlist=["auto_await"]).auto_await(fn)),
+        Hook(RAY_TRAINER, "extract_reward", _batch_stage(traced, Stage.REWARD, "batch"), ("batch",), COMPONENT),
+        Hook(RAY_TRAINER, "RayPPOTrainer._compute_old_log_prob", _batch_stage(traced, Stage.OLD_LOG_PROB, "batch"),
+             ("batch",), COMPONENT),
+        Hook(RAY_TRAINER, "RayPPOTrainer._compute_ref_log_prob", _batch_stage(traced, Stage.REF_LOG_PROB, "batch"),
+             ("batch",), COMPONENT),
+        Hook(RAY_TRAINER, "compute_advantage", _batch_stage(traced, Stage.ADVANTAGE, "data"), ("data",), COMPONENT),
+        Hook(RAY_TRAINER, "RayPPOTrainer._update_actor", _batch_stage(traced, Stage.UPDATE_ACTOR, "batch", finishes=True),
+             ("batch",), COMPONENT),
+    ]

@@ -41,9 +41,6 @@ COMPONENT = "trainer_v1"
 NO_TRAJ = "N/A"
 DISAGGREGATED_MODES = ("separate_async",)
 
-_stage_timer = _trainer.marked_timer_wrapper(_trainer.STAGE_BY_TIMER)
-
-
 def ids_from_keys(keys: Any, tags: Any) -> Tuple[List[str], List[str]]:
     """(uids, traj_uids) of TransferQueue trajectory keys ``{uid}_{session_id}_{index}``.
 
@@ -82,8 +79,8 @@ def _layout(instance: Any) -> str:
     return Layout.DISAGGREGATED.value if mode in DISAGGREGATED_MODES else Layout.COLOCATED.value
 
 
-def _disaggregated() -> bool:
-    return _trainer.current.layout == Layout.DISAGGREGATED.value
+def _disaggregated(traced: _trainer.TracedTrainer) -> bool:
+    return traced.layout == Layout.DISAGGREGATED.value
 
 
 # --------------------------------------------------------------------------- fit and steps
@@ -103,63 +100,75 @@ def _end_unconsumed_samples() -> None:
     events.end_unconsumed_samples(Outcome.NOT_CONSUMED)
 
 
-def _marked_timer(wrapped, instance, args, kwargs):
-    name = args[0] if args else kwargs.get("name")
-    if name == "step" and _trainer.current.active and not events.is_validating():
-        _step_begin(_trainer.current.instance)
-    return _stage_timer(wrapped, instance, args, kwargs)
+def _marked_timer(traced: _trainer.TracedTrainer):
+    """trainer_base's ``marked_timer``: its ``step`` block begins the step, as well."""
+    stage_timer = _trainer.marked_timer_wrapper(traced)
+
+    def wrapper(wrapped, instance, args, kwargs):
+        name = args[0] if args else kwargs.get("name")
+        if name == "step" and traced.active and not events.is_validating():
+            _step_begin(traced)
+        return stage_timer(wrapped, instance, args, kwargs)
+
+    return wrapper
 
 
 @health.guarded(default=None)
-def _step_begin(trainer: Any) -> None:
-    step = _trainer.current.global_step()
-    _trainer.end_record_metrics()
-    per_epoch = max(1, int(getattr(trainer, "steps_per_epoch", 1) or 1))
+def _step_begin(traced: _trainer.TracedTrainer) -> None:
+    step = traced.global_step()
+    traced.end_record_metrics()
+    per_epoch = max(1, int(getattr(traced.instance, "steps_per_epoch", 1) or 1))
     events.step_begin(
         step,
         trainer=TRAINER,
-        layout=_trainer.current.layout,
+        layout=traced.layout,
         epoch=(step - 1) // per_epoch,
         consumed_batches=(step - 1) % per_epoch,
     )
 
 
-def _fetch_one_gen_batch(wrapped, instance, args, kwargs):
-    batch = wrapped(*args, **kwargs)
-    if _trainer.current.active and not events.is_validating():
-        try:
-            events.samples_created(batch["uid"], step=_trainer.current.global_step(), trainer=TRAINER)
-        except Exception as exc:
-            health.record_failure("trainer_v1._fetch_one_gen_batch", exc)
-    return batch
+def _fetch_one_gen_batch(traced: _trainer.TracedTrainer):
+    def wrapper(wrapped, instance, args, kwargs):
+        batch = wrapped(*args, **kwargs)
+        if traced.active and not events.is_validating():
+            try:
+                events.samples_created(batch["uid"], step=traced.global_step(), trainer=TRAINER)
+            except Exception as exc:
+                health.record_failure("trainer_v1._fetch_one_gen_batch", exc)
+        return batch
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------- dispatch
 
 
-def _generate_sequences(wrapped, instance, args, kwargs):
-    prompts = None
-    injected = False
-    try:
-        prompts = arguments(wrapped, instance, args, kwargs)[1].get("prompts")
-        injected = _dispatch(instance, prompts)
-    except Exception as exc:
-        health.record_failure("trainer_v1.generate_sequences", exc)
-    try:
-        return wrapped(*args, **kwargs)
-    finally:
-        if injected:
-            carriers.pop_tensordict(prompts)
+def _generate_sequences(traced: _trainer.TracedTrainer):
+    def wrapper(wrapped, instance, args, kwargs):
+        prompts = None
+        injected = False
+        try:
+            prompts = arguments(wrapped, instance, args, kwargs)[1].get("prompts")
+            injected = _dispatch(traced, instance, prompts)
+        except Exception as exc:
+            health.record_failure("trainer_v1.generate_sequences", exc)
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            if injected:
+                carriers.pop_tensordict(prompts)
+
+    return wrapper
 
 
-def _dispatch(manager: Any, prompts: Any) -> bool:
+def _dispatch(traced: _trainer.TracedTrainer, manager: Any, prompts: Any) -> bool:
     """Open the prompts' rollout spans and give each row its carrier (uid, step, worker
     and agent name ride along for the worker's prompt task)."""
     keys = prompts.keys()
     if events.is_validating() or "uid" not in keys or ("validate" in keys and bool(_scalar(prompts.get("validate")))):
         return False
     uids = id_list(prompts["uid"])
-    step = int(_scalar(prompts.get("global_steps")) if "global_steps" in keys else _trainer.current.global_step())
+    step = int(_scalar(prompts.get("global_steps")) if "global_steps" in keys else traced.global_step())
     workers = _trainer.chunk_worker_indices(len(uids), len(getattr(manager, "agent_loop_workers", None) or []) or 1)
     row_carriers = events.rollout_dispatched(uids, [NO_TRAJ] * len(uids), workers, step=step, trainer=TRAINER, variant="v1")
     if row_carriers is None:
@@ -194,38 +203,40 @@ def _agent_names(manager: Any, prompts: Any, n: int) -> List[str]:
 # --------------------------------------------------------------------------- replay buffer
 
 
-def _sample(wrapped, instance, args, kwargs):
-    try:
-        partition = arguments(wrapped, instance, args, kwargs)[1].get("partition_id")
-    except Exception as exc:
-        health.record_failure("trainer_v1.sample", exc)
-        partition = None
-    traced = _trainer.current.active and not events.is_validating() and partition == "train"
-    if not traced:
-        return wrapped(*args, **kwargs)
-    fetch = events.stage_begin(Stage.FETCH_BATCH, step=_trainer.current.global_step(), trainer=TRAINER,
-                               layout=_trainer.current.layout) if _disaggregated() else None
-    started = clock.monotonic_ns()
-    try:
-        result = wrapped(*args, **kwargs)
-    except BaseException as exc:
+def _sample(traced: _trainer.TracedTrainer):
+    def wrapper(wrapped, instance, args, kwargs):
+        try:
+            partition = arguments(wrapped, instance, args, kwargs)[1].get("partition_id")
+        except Exception as exc:
+            health.record_failure("trainer_v1.sample", exc)
+            partition = None
+        if not (traced.active and not events.is_validating() and partition == "train"):
+            return wrapped(*args, **kwargs)
+        fetch = events.stage_begin(Stage.FETCH_BATCH, step=traced.global_step(), trainer=TRAINER,
+                                   layout=traced.layout) if _disaggregated(traced) else None
+        started = clock.monotonic_ns()
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if fetch is not None:
+                fetch.end(exc)
+            raise
         if fetch is not None:
-            fetch.end(exc)
-        raise
-    if fetch is not None:
-        fetch.end()
-    _sampled(result, clock.epoch_ns_since(started))  # its duration true across a jump of the system clock
-    return result
+            fetch.end()
+        _sampled(traced, result, clock.epoch_ns_since(started))  # its duration true across a jump of the system clock
+        return result
+
+    return wrapper
 
 
 @health.guarded(default=None)
-def _sampled(result: Any, start_ns: int) -> None:
+def _sampled(traced: _trainer.TracedTrainer, result: Any, start_ns: int) -> None:
     batch = result[0] if isinstance(result, tuple) else result
     uids, trajs = ids_from_keys(batch.keys, batch.tags)
     events.rollout_returned(uids)
-    events.sample_stage_done(Stage.SAMPLE, uids, trajs, step=_trainer.current.global_step(), start_ns=start_ns,
+    events.sample_stage_done(Stage.SAMPLE, uids, trajs, step=traced.global_step(), start_ns=start_ns,
                              trainer=TRAINER)
-    if not _disaggregated():  # generated tokens of this batch: the gen throughput line
+    if not _disaggregated(traced):  # generated tokens of this batch: the gen throughput line
         tokens = sum(int(tag.get("response_len", 0) or 0) for tag in batch.tags
                      if isinstance(tag, dict) and not tag.get("is_padding", False))
         events.current_stage().response_tokens(tokens)
@@ -251,24 +262,27 @@ def _evict_terminal_groups(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _kv_clear(wrapped, instance, args, kwargs):
+def _kv_clear(traced: _trainer.TracedTrainer):
     # After training (or a critic warm-up step) fit clears the step's trajectories: any
     # of their samples still open was consumed without an actor update.
-    try:
-        _, values = arguments(wrapped, instance, args, kwargs)
-        if _trainer.current.active and values.get("partition_id") == "train":
-            keys = id_list(values.get("keys"))
-            uids = [uid for uid, traj in zip(*ids_from_keys(keys, None)) if traj != NO_TRAJ]
-            events.samples_finished(uids, Outcome.CLEARED)
-    except Exception as exc:
-        health.record_failure("trainer_v1.kv_clear", exc)
-    return wrapped(*args, **kwargs)
+    def wrapper(wrapped, instance, args, kwargs):
+        try:
+            _, values = arguments(wrapped, instance, args, kwargs)
+            if traced.active and values.get("partition_id") == "train":
+                keys = id_list(values.get("keys"))
+                uids = [uid for uid, traj in zip(*ids_from_keys(keys, None)) if traj != NO_TRAJ]
+                events.samples_finished(uids, Outcome.CLEARED)
+        except Exception as exc:
+            health.record_failure("trainer_v1.kv_clear", exc)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------- batch stages
 
 
-def _batch_stage(stage: Stage, *, finishes: bool = False):
+def _batch_stage(traced: _trainer.TracedTrainer, stage: Stage, *, finishes: bool = False):
     """Wrapper for a v1 stage method ``(self, batch: KVBatchMeta, metrics) -> KVBatchMeta``."""
 
     def ids_of(wrapped, instance, args, kwargs, result):
@@ -277,27 +291,32 @@ def _batch_stage(stage: Stage, *, finishes: bool = False):
             return None
         return _trainer.BatchRows(*ids_from_keys(batch.keys, batch.tags), oldest_versions(batch.keys, batch.tags))
 
-    return _trainer.batch_stage_wrapper(stage, TRAINER, ids_of, finishes=finishes)
+    return _trainer.batch_stage_wrapper(traced, stage, TRAINER, ids_of, finishes=finishes)
 
 
-HOOKS = [
-    Hook(TRAINER_BASE, "PPOTrainer.fit",
-         _trainer.fit_wrapper(TRAINER, _worker_actors, layout_of=_layout, before_end=_end_unconsumed_samples),
-         ("agent_loop_manager",), COMPONENT),
-    Hook(TRAINER_BASE, "marked_timer", _marked_timer, ("name",), COMPONENT),
-    *[Hook(module, "marked_timer", _stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
-    Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch, (), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._validate", _trainer.validate, (), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._compute_metrics", _trainer.begin_record_metrics, ("batch",), COMPONENT),
-    Hook(AGENT_LOOP_TQ, "AgentLoopManagerTQ.generate_sequences", _generate_sequences, ("prompts",), COMPONENT),
-    Hook(REPLAY_BUFFER, "ReplayBuffer.sample", _sample, ("global_steps", "partition_id"), COMPONENT),
-    Hook(REPLAY_BUFFER, "ReplayBufferAsync.sample", _sample, ("global_steps", "partition_id"), COMPONENT),
-    Hook(REPLAY_BUFFER, "ReplayBuffer._evict_terminal_groups", _evict_terminal_groups,
-         ("partition_id", "eviction_reasons"), COMPONENT),
-    Hook(TRANSFER_QUEUE, "kv_clear", _kv_clear, ("keys", "partition_id"), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._compute_reward_colocate", _batch_stage(Stage.REWARD), ("batch",), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._compute_old_log_prob", _batch_stage(Stage.OLD_LOG_PROB), ("batch",), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._compute_ref_log_prob", _batch_stage(Stage.REF_LOG_PROB), ("batch",), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._compute_advantage", _batch_stage(Stage.ADVANTAGE), ("batch",), COMPONENT),
-    Hook(TRAINER_BASE, "PPOTrainer._update_actor", _batch_stage(Stage.UPDATE_ACTOR, finishes=True), ("batch",), COMPONENT),
-]
+def hooks(traced: _trainer.TracedTrainer) -> List[Hook]:
+    fit = _trainer.fit_wrapper(traced, TRAINER, _worker_actors, layout_of=_layout, before_end=_end_unconsumed_samples)
+    stage_timer = _trainer.marked_timer_wrapper(traced)
+    sample = _sample(traced)
+    return [
+        Hook(TRAINER_BASE, "PPOTrainer.fit", fit, ("agent_loop_manager",), COMPONENT),
+        Hook(TRAINER_BASE, "marked_timer", _marked_timer(traced), ("name",), COMPONENT),
+        *[Hook(module, "marked_timer", stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
+        Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch(traced), (), COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._validate", _trainer.validate, (), COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._compute_metrics", _trainer.record_metrics_wrapper(traced), ("batch",), COMPONENT),
+        Hook(AGENT_LOOP_TQ, "AgentLoopManagerTQ.generate_sequences", _generate_sequences(traced), ("prompts",), COMPONENT),
+        Hook(REPLAY_BUFFER, "ReplayBuffer.sample", sample, ("global_steps", "partition_id"), COMPONENT),
+        Hook(REPLAY_BUFFER, "ReplayBufferAsync.sample", sample, ("global_steps", "partition_id"), COMPONENT),
+        Hook(REPLAY_BUFFER, "ReplayBuffer._evict_terminal_groups", _evict_terminal_groups,
+             ("partition_id", "eviction_reasons"), COMPONENT),
+        Hook(TRANSFER_QUEUE, "kv_clear", _kv_clear(traced), ("keys", "partition_id"), COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._compute_reward_colocate", _batch_stage(traced, Stage.REWARD), ("batch",), COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._compute_old_log_prob", _batch_stage(traced, Stage.OLD_LOG_PROB), ("batch",),
+             COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._compute_ref_log_prob", _batch_stage(traced, Stage.REF_LOG_PROB), ("batch",),
+             COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._compute_advantage", _batch_stage(traced, Stage.ADVANTAGE), ("batch",), COMPONENT),
+        Hook(TRAINER_BASE, "PPOTrainer._update_actor", _batch_stage(traced, Stage.UPDATE_ACTOR, finishes=True), ("batch",),
+             COMPONENT),
+    ]
