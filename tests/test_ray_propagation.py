@@ -7,6 +7,16 @@ import pytest
 pytestmark = [pytest.mark.verl, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _driver_configuration():
+    """The driver's tracing (:func:`_driver_span` configures it) ends with this module: the
+    next module on this worker starts with none."""
+    yield
+    from otel_verl import bootstrap
+
+    bootstrap.shutdown(timeout_s=10)
+
+
 def _span_ids(span):
     ctx = span.get_span_context()
     parent = getattr(span, "parent", None)
