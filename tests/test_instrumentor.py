@@ -108,6 +108,20 @@ def test_a_second_instrumentation_reports_to_its_own_provider(instrumentor):
     assert [s.attributes["verl.uid"] for s in first_spans.get_finished_spans()] == ["u-1", "u-3", "open"]
 
 
+def test_instrumenting_inside_an_activated_state_installs_the_provider_for_the_process(instrumentor):
+    from otel_verl import events
+    from otel_verl.instrumentation import tracing
+
+    provider, exporter = _provider_with_exporter()
+    activated = tracing.state_for(provider)  # one's own block reporting to that provider
+    tracing.stop()
+    with activated.activated():
+        instrumentor.instrument(tracer_provider=provider)
+    assert events.state() is not None and events.state() is not activated
+    _one_sample("u-1")  # outside the block: through the process's state
+    assert _names(exporter) == ["verl.sample"]
+
+
 def test_metrics_go_to_the_meter_provider_given(instrumentor):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -81,13 +81,12 @@ def install(tracing: Optional[TracingState]) -> None:
 
 
 def install_for(provider: Any, build: Callable[[], TracingState]) -> None:
-    """Make ``build()`` the process's state unless the current one reports to ``provider``
-    already: handing over the same provider twice (two wrappers firing at once, a
-    configurator and an instrumentor) keeps its open samples."""
+    """Make ``build()`` the process's state unless the installed one reports to
+    ``provider`` already: handing over the same provider twice (two wrappers firing at
+    once, a configurator and an instrumentor) keeps its open samples."""
     global _installed
     with _install_lock:
-        current = state()
-        if current is None or current.provider is not provider:
+        if _installed is None or _installed.provider is not provider:
             _installed = build()
 
 

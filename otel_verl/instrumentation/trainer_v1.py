@@ -100,9 +100,9 @@ def _end_unconsumed_samples() -> None:
     events.end_unconsumed_samples(Outcome.NOT_CONSUMED)
 
 
-def _marked_timer(traced: _trainer.TracedTrainer):
-    """trainer_base's ``marked_timer``: its ``step`` block begins the step, as well."""
-    stage_timer = _trainer.marked_timer_wrapper(traced)
+def _marked_timer(traced: _trainer.TracedTrainer, stage_timer):
+    """trainer_base's ``marked_timer``: ``stage_timer``'s stages, and its ``step`` block
+    begins the step."""
 
     def wrapper(wrapped, instance, args, kwargs):
         name = args[0] if args else kwargs.get("name")
@@ -300,7 +300,7 @@ def hooks(traced: _trainer.TracedTrainer) -> List[Hook]:
     sample = _sample(traced)
     return [
         Hook(TRAINER_BASE, "PPOTrainer.fit", fit, ("agent_loop_manager",), COMPONENT),
-        Hook(TRAINER_BASE, "marked_timer", _marked_timer(traced), ("name",), COMPONENT),
+        Hook(TRAINER_BASE, "marked_timer", _marked_timer(traced, stage_timer), ("name",), COMPONENT),
         *[Hook(module, "marked_timer", stage_timer, ("name",), COMPONENT) for module in MODE_MODULES],
         Hook(TRAINER_BASE, "PPOTrainer._fetch_one_gen_batch", _fetch_one_gen_batch(traced), (), COMPONENT),
         Hook(TRAINER_BASE, "PPOTrainer._validate", _trainer.validate, (), COMPONENT),
